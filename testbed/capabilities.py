@@ -1,0 +1,152 @@
+"""What this machine can do: root, kernel qdiscs and BPF, netem, OVS datapaths, tools,
+Python packages. ``testbed doctor`` prints it; ``run`` uses it to choose the datapath.
+
+Kernel features are tested for real where that is the only reliable way: qdiscs
+are tried on a veth pair inside a throw-away network namespace that is removed
+again on any exit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CMD_TIMEOUT_S = 20
+QDISCS = ("htb", "tbf", "bfifo", "clsact", "netem", "red", "prio")
+INSTALL_FIX = "make install (or: bash scripts/install.sh)"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool | None  # None = could not be determined
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def _run(argv, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S, **kw)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def ovs_kernel_datapath() -> bool:
+    """The openvswitch kernel module is loaded (or can be loaded now)."""
+    if Path("/sys/module/openvswitch").exists():
+        return True
+    if Path("/proc/modules").exists() and shutil.which("modprobe") and is_root():
+        _run(["modprobe", "openvswitch"])
+        return Path("/sys/module/openvswitch").exists()
+    return False
+
+
+def choose_datapath(requested: str) -> str:
+    """``auto`` -> ``kernel`` where openvswitch.ko exists, else ``user`` (netdev)."""
+    if requested == "auto":
+        return "kernel" if ovs_kernel_datapath() else "user"
+    return requested
+
+
+@contextmanager
+def scratch_namespace():
+    """A veth pair in a temporary namespace, removed on exit."""
+    ns = f"tbdoctor-{uuid.uuid4().hex[:8]}"
+    _run(["ip", "netns", "add", ns], check=True)
+    try:
+        _run(["ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"], check=True)
+        yield ns
+    finally:
+        _run(["ip", "netns", "del", ns])
+
+
+def qdisc_support() -> dict[str, bool]:
+    args = {"htb": ["default", "1"], "tbf": ["rate", "1mbit", "burst", "10k", "latency", "10ms"],
+            "bfifo": ["limit", "10000"], "clsact": [], "netem": ["delay", "1ms"],
+            "red": ["limit", "400000", "min", "30000", "max", "90000", "avpkt", "1000", "burst", "55",
+                    "probability", "0.1", "bandwidth", "10mbit", "ecn"],
+            "prio": []}
+    out = {}
+    with scratch_namespace() as ns:
+        for q in QDISCS:
+            parent = ["clsact"] if q == "clsact" else ["root"]
+            res = _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "d0", *parent, q, *args[q]])
+            out[q] = res.returncode == 0
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "d0", *parent])
+    return out
+
+
+def _version(argv) -> str | None:
+    if not shutil.which(argv[0]):
+        return None
+    res = _run(argv)
+    text = (res.stdout or res.stderr).strip().splitlines()
+    return text[0] if text else ""
+
+
+def checks() -> list[Check]:
+    root = is_root()
+    items = [Check("root", root, "running as root" if root else f"uid {os.geteuid()}",
+                   "run as root (sudo python3 -m testbed ...)")]
+    items.append(Check("kernel", True, f"Linux {platform.release()}"))
+    if root:
+        q = qdisc_support()
+        for name in ("htb", "tbf", "bfifo", "clsact"):
+            items.append(Check(f"qdisc {name}", q[name], "available" if q[name] else "missing",
+                               "a kernel with CONFIG_NET_SCH_" + name.upper()))
+        items.append(Check("qdisc netem", q["netem"],
+                           "available: link delay is emulated" if q["netem"] else
+                           "missing: runs continue without link delay and say so",
+                           "a kernel with sch_netem (the lab VM has it)", required=False))
+        items.append(Check("qdisc red", q["red"], "available (not used: marking is done in BPF)"
+                           if q["red"] else "missing (not needed: marking is done in BPF)", required=False))
+    else:
+        items.append(Check("qdiscs", None, "not tested (needs root)", "run doctor as root"))
+    btf = Path("/sys/kernel/btf/vmlinux").exists()
+    items.append(Check("BTF", btf, "/sys/kernel/btf/vmlinux" if btf else "missing",
+                       "a kernel with CONFIG_DEBUG_INFO_BTF", required=False))
+    for tool, argv, pkg in (("clang", ["clang", "--version"], "clang"),
+                            ("bpftool", ["bpftool", "version"], "bpftool"),
+                            ("ovs-vsctl", ["ovs-vsctl", "--version"], "openvswitch-switch"),
+                            ("mnexec", ["mnexec", "-v"], "mininet"),
+                            ("ethtool", ["ethtool", "--version"], "ethtool"),
+                            ("tcpdump", ["tcpdump", "--version"], "tcpdump"),
+                            ("tshark", ["tshark", "--version"], "tshark")):
+        v = _version(argv)
+        items.append(Check(tool, v is not None, v or "not found", f"apt-get install {pkg} ({INSTALL_FIX})",
+                           required=tool not in ("clang", "bpftool", "tshark", "tcpdump")))
+    ovs_up = shutil.which("ovs-vsctl") is not None and _run(["ovs-vsctl", "--timeout=5", "show"]).returncode == 0
+    items.append(Check("OVS running", ovs_up, "ovsdb-server and ovs-vswitchd answer" if ovs_up else "not answering",
+                       "/usr/share/openvswitch/scripts/ovs-ctl start (make install does it)"))
+    kdp = ovs_kernel_datapath()
+    items.append(Check("OVS kernel datapath", kdp, "openvswitch.ko loaded" if kdp else
+                       "no openvswitch.ko: the userspace (netdev) datapath is used",
+                       "a kernel with the openvswitch module (the lab VM)", required=False))
+    for mod, pkg in (("mininet", "mininet (Debian package)"), ("os_ken", "os-ken"), ("pyroute2", "pyroute2"),
+                     ("scapy", "scapy"), ("yaml", "PyYAML")):
+        found = importlib.util.find_spec(mod) is not None
+        items.append(Check(f"python: {mod}", found, "importable" if found else "missing",
+                           f"{INSTALL_FIX} ({pkg})"))
+    return items
+
+
+def summary(items: list[Check]) -> list[str]:
+    """What a run will use, from the checks."""
+    by = {c.name: c for c in items}
+    datapath = "kernel" if by["OVS kernel datapath"].ok else "userspace (netdev)"
+    netem = by.get("qdisc netem")
+    lines = [f"datapath: OVS {datapath}"]
+    if netem is not None:
+        lines.append("link delay: " + ("emulated with netem" if netem.ok else "NOT emulated (no netem)"))
+    missing = [c.name for c in items if c.required and c.ok is False]
+    lines.append("ready to run" if not missing else f"cannot run yet: missing {', '.join(missing)}")
+    return lines

@@ -1,0 +1,105 @@
+"""``python3 -m testbed {run,show,doctor,clean}``.
+
+User errors (bad scenario, missing root, a failed bring-up) are printed as clear
+messages with exit status 2 (configuration) or 1 (run failed), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from . import scenario as scenarios
+from .errors import ConfigError, TestbedError
+
+LOG = logging.getLogger("testbed")
+
+
+def _add_scenario_args(p: argparse.ArgumentParser):
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="scenario name in scenarios/, or a scenario or topology YAML file (default: default)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                   help="override any scenario field, e.g. --set fabric.spines=4 --set queues.ecn.kmin=100KB "
+                        "(repeatable)")
+    p.add_argument("--dilation", type=float, default=None,
+                   help="time-dilation factor D (rates / D, durations x D); default: the scenario's (auto)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python3 -m testbed",
+                                 description="AI-fabric testbed: emulated GPUs on an OVS leaf/spine fabric.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="bring the fabric up, check every GPU pair, record results, tear down")
+    _add_scenario_args(p)
+    p.add_argument("--cli", action="store_true", help="open the Mininet CLI after bring-up")
+    p.add_argument("--results", type=Path, default=None, help="results folder (default: results/)")
+    p.add_argument("--datapath", choices=scenarios.DATAPATHS, default=None, help="OVS datapath (default: auto)")
+    p = sub.add_parser("show", help="print the planned fabric (no root needed)")
+    _add_scenario_args(p)
+    p.add_argument("--paths", nargs=2, metavar=("SRC", "DST"), help="GPU hosts to list ECMP paths for (h1 h8)")
+    sub.add_parser("doctor", help="what this machine can do, and the fix for what is missing")
+    p = sub.add_parser("clean", help="remove what killed runs left behind (ours only, by run tag)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    return ap
+
+
+def _load(args):
+    overrides = list(args.overrides)
+    if args.dilation is not None:
+        overrides.append(f"dilation={args.dilation!r}")
+    return scenarios.load(args.scenario, overrides)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "show":
+            from . import plan, show
+
+            print(show.render(plan.build(_load(args)), tuple(args.paths) if args.paths else None))
+        elif args.command == "run":
+            from . import run
+
+            sc = _load(args)
+            opts = run.RunOptions(cli=args.cli, datapath=args.datapath)
+            if args.results:
+                opts.results_dir = args.results
+            try:
+                result = run.run(sc, opts)
+            except KeyboardInterrupt:
+                return 130
+            except run.Terminated:
+                return 143
+            print(result.run_dir)
+        elif args.command == "doctor":
+            from . import capabilities
+
+            items = capabilities.checks()
+            width = max(len(c.name) for c in items)
+            for c in items:
+                mark = {True: "ok", False: "MISSING" if c.required else "absent", None: "?"}[c.ok]
+                fix = f"  -> {c.fix}" if c.ok is False or c.ok is None else ""
+                print(f"{c.name:<{width}}  {mark:8} {c.detail}{fix}")
+            print()
+            for line in capabilities.summary(items):
+                print(line)
+            return 0 if not any(c.required and c.ok is False for c in items) else 1
+        elif args.command == "clean":
+            from . import registry
+
+            actions = registry.clean(dry_run=args.dry_run)
+            for line in actions:
+                print(("would " if args.dry_run else "") + line)
+            if not actions:
+                print("nothing to clean")
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return exc.exit_code
+    except TestbedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

@@ -1,0 +1,37 @@
+"""Controller process: ``python -m testbed.controller --plan P --events E --port N``.
+
+os-ken >= 4 ships no manager command, so this is the launcher: eventlet patching
+first, then os-ken's configuration (OpenFlow listener on 127.0.0.1 only) and the
+AppManager running ``testbed.controller.app`` with os-ken's OpenFlow handler.
+"""
+
+from os_ken.lib import hub
+
+hub.patch(thread=False)
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from os_ken import cfg  # noqa: E402
+from os_ken.base.app_manager import AppManager  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m testbed.controller")
+    parser.add_argument("--plan", required=True, help="plan JSON (Plan.to_dict())")
+    parser.add_argument("--events", required=True, help="JSON-lines file to append events to")
+    parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port on 127.0.0.1")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s controller %(name)s %(levelname)s %(message)s")
+    cfg.CONF(args=["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(args.port)],
+             project="os_ken")
+    from . import app
+
+    app.SETTINGS.update(plan=args.plan, events=args.events)
+    AppManager.run_apps(["testbed.controller.app"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The os-ken application: a thin adapter between OpenFlow and ``routing.FabricController``.
+
+It translates the pure controller's messages to OpenFlow 1.3 and writes what
+happened as JSON lines to the events file the run watches. Any exception in a
+handler is written as a ``fatal`` event and ends the process with status 3: os-ken
+would otherwise log it and carry on with a half-programmed fabric.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+import traceback
+
+from os_ken.base import app_manager
+from os_ken.controller import ofp_event
+from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from os_ken.ofproto import ofproto_v1_3
+
+from .. import routing
+
+# Set by testbed.controller.__main__ before the app is instantiated.
+SETTINGS: dict = {}
+FATAL_EXIT = 3
+
+
+class Events:
+    """Append-only JSON lines, flushed per event so the run (and a crash) sees them."""
+
+    def __init__(self, path: str):
+        self._file = open(path, "a", buffering=1)
+
+    def write(self, event: str, **fields):
+        fields.update(event=event, t_mono=time.monotonic(), t_wall=time.time())
+        self._file.write(json.dumps(fields) + "\n")
+        self._file.flush()
+
+
+def fatal_on_error(handler):
+    """End the controller loudly on any handler exception."""
+
+    @functools.wraps(handler)
+    def wrapper(self, ev):
+        try:
+            return handler(self, ev)
+        except Exception as exc:  # noqa: BLE001 - every failure must end the process
+            self.event_log.write("fatal", handler=handler.__name__, error=f"{type(exc).__name__}: {exc}",
+                              traceback=traceback.format_exc())
+            os._exit(FATAL_EXIT)
+
+    return wrapper
+
+
+class TestbedController(app_manager.OSKenApp):
+    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        with open(SETTINGS["plan"]) as f:
+            plan = json.load(f)
+        self.event_log = Events(SETTINGS["events"])
+        self.logic = routing.FabricController(plan)
+        self.datapaths = {}
+        self.event_log.write("started", pid=os.getpid(), switches=len(self.logic.switches))
+
+    @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
+    @fatal_on_error
+    def on_features(self, ev):
+        dp = ev.msg.datapath
+        self.datapaths[dp.id] = dp
+        self.event_log.write("switch_connected", dpid=dp.id)
+        self._send(dp, self.logic.switch_connected(dp.id, time.monotonic()))
+
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
+    @fatal_on_error
+    def on_barrier(self, ev):
+        for out in self.logic.barrier_reply(ev.msg.datapath.id, time.monotonic()):
+            self.event_log.write("switch_ready", dpid=out.dpid, name=out.name, flows=out.flows,
+                              groups=out.groups, seconds=out.seconds)
+        if self.logic.all_ready:
+            self.event_log.write("fabric_ready")
+
+    @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    @fatal_on_error
+    def on_error(self, ev):
+        msg = ev.msg
+        raise RuntimeError(f"switch {msg.datapath.id:#x} rejected a message: type={msg.type} code={msg.code} "
+                           f"data={bytes(msg.data)[:64].hex()}")
+
+    @set_ev_cls(ofp_event.EventOFPStateChange, DEAD_DISPATCHER)
+    @fatal_on_error
+    def on_dead(self, ev):
+        dp = ev.datapath
+        if dp.id is not None:
+            self.datapaths.pop(dp.id, None)
+            self.logic.switch_disconnected(dp.id, time.monotonic())
+            self.event_log.write("switch_disconnected", dpid=dp.id)
+
+    def _send(self, dp, msgs):
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        for m in msgs:
+            if isinstance(m, routing.ClearSwitch):
+                dp.send_msg(parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
+                                              out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY))
+                dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL))
+            elif isinstance(m, routing.GroupAdd):
+                buckets = [parser.OFPBucket(weight=1, watch_port=ofp.OFPP_ANY, watch_group=ofp.OFPG_ANY,
+                                            actions=[parser.OFPActionOutput(p)]) for p in m.ports]
+                dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_ADD, type_=ofp.OFPGT_SELECT,
+                                               group_id=m.group_id, buckets=buckets))
+            elif isinstance(m, routing.FlowAdd):
+                actions = [self._action(parser, a) for a in m.actions]
+                inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)] if actions else []
+                dp.send_msg(parser.OFPFlowMod(dp, table_id=0, priority=m.priority,
+                                              match=parser.OFPMatch(**dict(m.match)), instructions=inst))
+            elif isinstance(m, routing.Barrier):
+                dp.send_msg(parser.OFPBarrierRequest(dp))
+            else:
+                raise TypeError(f"unknown controller message {m!r}")
+
+    @staticmethod
+    def _action(parser, action):
+        kind = action[0]
+        if kind == "output":
+            return parser.OFPActionOutput(action[1])
+        if kind == "group":
+            return parser.OFPActionGroup(action[1])
+        if kind == "dec_nw_ttl":
+            return parser.OFPActionDecNwTtl()
+        raise TypeError(f"unknown action {action!r}")

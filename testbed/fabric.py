@@ -1,0 +1,159 @@
+"""Apply: bring the planned fabric up in Mininet with Open vSwitch, and take it down.
+
+The only module that imports Mininet. ``MininetFabric`` is a context manager: on
+entry it records every bridge and interface it is about to create in the run
+registry, builds hosts, OVS switches (OpenFlow 1.3, fail-mode secure, controller
+on 127.0.0.1), NVLink bridges and links exactly as the plan says (names, port
+numbers, MACs, addresses), tags what it made with the run id, and configures the
+GPU hosts (static neighbours, no IPv6 chatter, TX checksum offload off on the
+userspace datapath). On exit, normal or not, it stops the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+from mininet.link import Link as MnLink
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.node import OVSSwitch, RemoteController, Switch
+from mininet.topo import Topo
+
+from . import registry
+from .errors import RunError
+from .plan import Plan
+
+LOG = logging.getLogger(__name__)
+CMD_TIMEOUT_S = 30
+
+
+class ExternalController(RemoteController):
+    """Our os-ken process: already listening when the fabric starts (the run waits for it)."""
+
+    def checkListening(self):  # noqa: N802 - Mininet's name
+        return None
+
+
+class NVLinkBridge(Switch):
+    """A server's NVLink segment: a plain Linux bridge, not part of the OpenFlow fabric."""
+
+    def start(self, controllers):
+        _ip(["link", "add", "name", self.name, "type", "bridge"])
+        for intf in self.intfList():
+            if intf.name != "lo":
+                _ip(["link", "set", "dev", intf.name, "master", self.name, "up"])
+        _ip(["link", "set", "dev", self.name, "up"])
+
+    def stop(self, deleteIntfs=True):  # noqa: N803 - Mininet's name
+        _ip(["link", "del", "dev", self.name], check=False)
+        super().stop(deleteIntfs)
+
+
+def _ip(args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=CMD_TIMEOUT_S, check=check)
+
+
+def build_topo(plan: Plan, datapath: str) -> Topo:
+    """The plan as a Mininet Topo (pure data: no root needed to build or inspect it)."""
+    topo = Topo()
+    ovs_dp = "user" if datapath == "user" else "kernel"
+    for s in plan.switches:
+        topo.addSwitch(s.name, dpid=s.dpid_hex, datapath=ovs_dp, failMode="secure", protocols="OpenFlow13")
+    for server in plan.servers:
+        if server.nvlink_bridge:
+            topo.addSwitch(server.nvlink_bridge, cls=NVLinkBridge, dpid=f"{0xff00 + server.index:016x}")
+    for h in plan.hosts:
+        topo.addHost(h.name, ip=h.ip, mac=h.mac)
+    for link in plan.links:
+        topo.addLink(link.a, link.b, port1=link.a_port, port2=link.b_port)
+    return topo
+
+
+def root_interfaces(plan: Plan) -> list[str]:
+    """Interfaces this fabric creates in the root namespace (switch and bridge ends)."""
+    names = [link.b_intf for link in plan.links]
+    names += [link.a_intf for link in plan.links if link.kind == "uplink"]
+    names += [s.nvlink_bridge for s in plan.servers if s.nvlink_bridge]
+    return names
+
+
+class MininetFabric:
+    """Context manager owning the Mininet network of one run."""
+
+    def __init__(self, plan: Plan, run_id: str, datapath: str, controller_port: int,
+                 record: registry.RunRecord, work_dir: Path):
+        self.plan, self.run_id, self.datapath = plan, run_id, datapath
+        self.controller_port, self.record, self.work_dir = controller_port, record, work_dir
+        self.net: Mininet | None = None
+
+    def __enter__(self):
+        self._check_free()
+        bridges = [s.name for s in self.plan.switches]
+        self.record.add(bridges=bridges, interfaces=root_interfaces(self.plan))
+        setLogLevel("error")
+        try:
+            self.net = Mininet(topo=build_topo(self.plan, self.datapath), switch=OVSSwitch, link=MnLink,
+                               controller=None, autoSetMacs=False, autoStaticArp=False, build=False,
+                               waitConnected=False)
+            self.net.addController(ExternalController("c0", ip="127.0.0.1", port=self.controller_port))
+            self.net.build()
+            self.record.add(processes=[n.pid for n in self.net.hosts + self.net.controllers])
+            self.net.start()
+            registry.tag_bridges(self.run_id, bridges)
+            registry.tag_interfaces(self.run_id, root_interfaces(self.plan))
+            self._configure_hosts()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.net is not None:
+            net, self.net = self.net, None
+            net.stop()
+        return False
+
+    def _check_free(self):
+        existing = set(subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True,
+                                      timeout=CMD_TIMEOUT_S, check=True).stdout.split())
+        links = set(_ip(["-o", "link", "show"]).stdout.split())
+        clash = sorted(n for n in [s.name for s in self.plan.switches] if n in existing)
+        clash += sorted(n for n in root_interfaces(self.plan) if f"{n}:" in links or any(
+            tok.startswith(f"{n}@") for tok in links))
+        if clash:
+            raise RunError(f"names this run needs already exist: {', '.join(clash[:6])}"
+                           f"{' ...' if len(clash) > 6 else ''}. Another run is active, or a killed run left "
+                           f"them behind: python3 -m testbed clean")
+
+    def _configure_hosts(self):
+        """Static neighbours for every other GPU, IPv6 off, NVLink address, checksum offload off."""
+        procs = []
+        for h in self.plan.hosts:
+            node = self.net.get(h.name)
+            batch = self.work_dir / f"{h.name}.ipbatch"
+            lines = [f"neigh replace {o.addr} lladdr {o.mac} dev {h.name}-eth0 nud permanent"
+                     for o in self.plan.hosts if o.name != h.name]
+            if h.nvlink_ip:
+                lines.append(f"addr add {h.nvlink_ip} dev {h.name}-eth1")
+                lines.append(f"link set dev {h.name}-eth1 address {h.nvlink_mac}")
+            batch.write_text("\n".join(lines) + "\n")
+            procs.append((h.name, node.popen(["ip", "-batch", str(batch)])))
+            procs.append((h.name, node.popen(["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                                              "net.ipv6.conf.default.disable_ipv6=1"])))
+            if self.datapath == "user":
+                for intf in node.intfList():
+                    procs.append((h.name, node.popen(["ethtool", "-K", intf.name, "tx", "off"])))
+        for name, proc in procs:
+            out, err = proc.communicate(timeout=CMD_TIMEOUT_S)
+            if proc.returncode:
+                raise RunError(f"configuring {name} failed: {proc.args}: {err.decode().strip()}")
+
+    def host(self, name: str):
+        return self.net.get(name)
+
+    def cli(self):
+        from mininet.cli import CLI
+
+        CLI(self.net)

@@ -1,0 +1,124 @@
+"""Controller decisions as pure functions: plan in, OpenFlow messages (as data) out.
+
+The os-ken application (``testbed.controller.app``) only translates these messages
+to the wire and reports what happened; everything it decides is here and unit
+tested without a switch. Faucet's style: handlers take ``now`` and return
+messages and events.
+
+Program installed on every switch (OpenFlow 1.3, table 0):
+- priority 1000: EtherType 0x8808 (MAC control / PFC) is dropped: pause frames are
+  link-local and must never be forwarded by a bridge;
+- priority 100 + prefix length: IPv4 to a prefix -> decrement TTL, then output to
+  the one port, or to a select group over the ECMP ports (OVS hashes the 5-tuple,
+  so flows differing only in UDP source port spread over the uplinks);
+- no table-miss entry: anything else (ARP, IPv6) is dropped; hosts use static
+  neighbour entries, so nothing needs flooding and no packet reaches the controller.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+ETH_TYPE_IPV4 = 0x0800
+ETH_TYPE_MAC_CONTROL = 0x8808
+PRIORITY_DROP_PAUSE = 1000
+PRIORITY_ROUTE_BASE = 100
+
+
+@dataclass(frozen=True)
+class ClearSwitch:
+    """Delete every flow and group (a reconnecting switch starts from a known state)."""
+
+
+@dataclass(frozen=True)
+class GroupAdd:
+    group_id: int
+    ports: tuple  # select group, one bucket per port, equal weights
+
+
+@dataclass(frozen=True)
+class FlowAdd:
+    priority: int
+    match: tuple  # ((field, value), ...) in os-ken OFPMatch keyword names
+    actions: tuple  # (("dec_nw_ttl",), ("output", port) | ("group", id))
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Ask the switch to confirm everything before it has been applied."""
+
+
+@dataclass(frozen=True)
+class SwitchReady:
+    """Event: the switch acknowledged its whole program."""
+
+    dpid: int
+    name: str
+    flows: int
+    groups: int
+    seconds: float  # connect -> barrier reply
+
+
+def switch_program(routes: list[dict]) -> list:
+    """Messages that program one switch from its planned routes
+    (``{"prefix": "10.0.2.0/24", "ports": [9, 10]}``)."""
+    msgs: list = [ClearSwitch()]
+    groups: dict[tuple, int] = {}
+    for r in routes:
+        ports = tuple(sorted(r["ports"]))
+        if len(ports) > 1 and ports not in groups:
+            groups[ports] = len(groups) + 1
+    msgs += [GroupAdd(gid, ports) for ports, gid in sorted(groups.items(), key=lambda kv: kv[1])]
+    msgs.append(FlowAdd(PRIORITY_DROP_PAUSE, (("eth_type", ETH_TYPE_MAC_CONTROL),), ()))
+    for r in sorted(routes, key=lambda r: (ipaddress.ip_network(r["prefix"]).prefixlen, r["prefix"]),
+                    reverse=True):
+        net = ipaddress.ip_network(r["prefix"])
+        ports = tuple(sorted(r["ports"]))
+        out = ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0])
+        match = (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (str(net.network_address), str(net.netmask))))
+        msgs.append(FlowAdd(PRIORITY_ROUTE_BASE + net.prefixlen, match, (("dec_nw_ttl",), out)))
+    msgs.append(Barrier())
+    return msgs
+
+
+class FabricController:
+    """What the controller does, without os-ken: which program each switch gets and when
+    the fabric is ready. ``plan`` is ``Plan.to_dict()``."""
+
+    def __init__(self, plan: dict):
+        self.switches = {s["dpid"]: s for s in plan["switches"]}
+        self.routes: dict[str, list] = {}
+        for r in plan["routes"]:
+            self.routes.setdefault(r["switch"], []).append(r)
+        self.pending: dict[int, tuple[float, int, int]] = {}
+        self.ready: set[int] = set()
+
+    def switch_connected(self, dpid: int, now: float) -> list:
+        """A switch finished the OpenFlow handshake: its full program. Unknown
+        datapaths (not in the plan) get nothing."""
+        sw = self.switches.get(dpid)
+        if sw is None:
+            return []
+        msgs = switch_program(self.routes.get(sw["name"], []))
+        flows = sum(isinstance(m, FlowAdd) for m in msgs)
+        groups = sum(isinstance(m, GroupAdd) for m in msgs)
+        self.pending[dpid] = (now, flows, groups)
+        self.ready.discard(dpid)
+        return msgs
+
+    def barrier_reply(self, dpid: int, now: float) -> list:
+        if dpid not in self.pending:
+            return []
+        started, flows, groups = self.pending.pop(dpid)
+        self.ready.add(dpid)
+        return [SwitchReady(dpid, self.switches[dpid]["name"], flows, groups, now - started)]
+
+    def switch_disconnected(self, dpid: int, now: float) -> list:
+        self.ready.discard(dpid)
+        self.pending.pop(dpid, None)
+        return []
+
+    @property
+    def all_ready(self) -> bool:
+        return self.ready == set(self.switches)

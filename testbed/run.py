@@ -1,0 +1,241 @@
+"""A run: plan -> fabric up -> controller programs it -> every GPU reaches every other over
+the planned routes -> results folder -> teardown.
+
+Every resource is entered on one ExitStack, so it is torn down in reverse order on
+success, error, Ctrl-C (KeyboardInterrupt) and SIGTERM (turned into ``Terminated``).
+The manifest is written at the start (status ``running``) and rewritten at the end
+with the outcome, so even an interrupted run leaves a folder that says what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+from . import __version__, capabilities, plan as planning, registry
+from .errors import RunError, TestbedError
+from .process import Controller, free_tcp_port, wait_for
+from .scenario import ROOT, Scenario
+
+LOG = logging.getLogger(__name__)
+RESULTS_DIR = ROOT / "results"
+CONTROLLER_LISTEN_TIMEOUT_S = 30
+FABRIC_READY_TIMEOUT_S = 60
+PROBE_TIMEOUT_S = 10
+DEFAULT_TTL = 64
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwind like Ctrl-C so every context manager tears down."""
+
+
+@contextmanager
+def sigterm_unwinds():
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class RunOptions:
+    results_dir: Path = RESULTS_DIR
+    cli: bool = False
+    datapath: str | None = None  # overrides the scenario's
+    hook: object = None  # callable(fabric, plan) run after reachability (tests use it)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    status: str
+    reason: str = ""
+    manifest: dict = field(default_factory=dict)
+
+
+def _tool_version(argv) -> str | None:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = (res.stdout or res.stderr).strip().splitlines()
+    return lines[0] if lines else None
+
+
+def _pkg_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict:
+    return {
+        "testbed": __version__,
+        "python": sys.version.split()[0],
+        "kernel": platform.release(),
+        "openvswitch": _tool_version(["ovs-vsctl", "--version"]),
+        "mininet": _pkg_version("mininet"),
+        "os-ken": _pkg_version("os-ken"),
+        "pyroute2": _pkg_version("pyroute2"),
+        "scapy": _pkg_version("scapy"),
+        "iproute2": _tool_version(["ip", "-V"]),
+    }
+
+
+def new_run_dir(base: Path, name: str) -> tuple[str, Path]:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base.mkdir(parents=True, exist_ok=True)
+    for n in range(100):
+        run_id = f"{name}-{stamp}" + (f"-{n}" if n else "")
+        path = base / run_id
+        try:
+            path.mkdir()
+            return run_id, path
+        except FileExistsError:
+            continue
+    raise RunError(f"cannot create a run folder under {base}")
+
+
+def check_reachability(fab, plan: planning.Plan) -> dict:
+    """Every GPU pings every other GPU at once; each reply's TTL must show the planned
+    number of switch hops. Returns a report; raises RunError listing failures."""
+    procs = {}
+    for h in plan.hosts:
+        targets = [o.addr for o in plan.hosts if o.name != h.name]
+        procs[h.name] = fab.host(h.name).popen(
+            [sys.executable, "-m", "testbed.probe", "--timeout", str(PROBE_TIMEOUT_S), *targets],
+            cwd=str(ROOT))
+    by_addr = {h.addr: h for h in plan.hosts}
+    failures, pairs = [], 0
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT_S + 20)
+        if proc.returncode:
+            raise RunError(f"reachability probe in {name} failed: {err.decode().strip()}")
+        for addr, ttl in json.loads(out).items():
+            dst = by_addr[addr]
+            pairs += 1
+            expected = len(plan.ecmp_paths(name, dst.name, limit=1)[0]) - 2
+            if ttl is None:
+                failures.append(f"{name} -> {dst.name} ({addr}): no reply in {PROBE_TIMEOUT_S}s")
+            elif DEFAULT_TTL - ttl != expected:
+                failures.append(f"{name} -> {dst.name}: reply crossed {DEFAULT_TTL - ttl} switches, "
+                                f"planned {expected}")
+    report = {"pairs": pairs, "failures": failures}
+    if failures:
+        more = f" (and {len(failures) - 10} more)" if len(failures) > 10 else ""
+        raise RunError(f"{len(failures)} of {pairs} GPU pairs failed: " + "; ".join(failures[:10]) + more)
+    return report
+
+
+def run(scenario: Scenario, options: RunOptions) -> RunResult:
+    if not capabilities.is_root():
+        raise RunError("run needs root (network namespaces, OVS): sudo python3 -m testbed run")
+    datapath = capabilities.choose_datapath(options.datapath or scenario.datapath)
+    plan = planning.build(scenario, datapath)
+    run_id, run_dir = new_run_dir(options.results_dir, scenario.name)
+    manifest = {
+        "run_id": run_id, "scenario": scenario.name, "status": "running", "reason": "",
+        "started_utc": datetime.now(timezone.utc).isoformat(), "ended_utc": None,
+        "datapath": datapath, "dilation": plan.dilation.factor, "dilation_reason": plan.dilation_reason,
+        "seed": scenario.seed, "link_delay_emulated": False,
+        "link_delay_note": "link delay arrives with the switch-queue stage; cable delays are in plan.json",
+        "versions": versions(), "timings_s": {}, "reachability": None,
+    }
+    (run_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.resolved, sort_keys=False))
+    plan_path = run_dir / "plan.json"
+    plan_path.write_text(json.dumps(plan.to_dict(), indent=1))
+    write_manifest(run_dir, manifest)
+    LOG.info("run %s: %d GPUs, %d switches, %s datapath, dilation %g", run_id, len(plan.hosts),
+             len(plan.switches), datapath, plan.dilation.factor)
+    status, reason = "failed", ""
+    t_start = time.monotonic()
+    timings = manifest["timings_s"]
+    try:
+        with sigterm_unwinds(), ExitStack() as stack:
+            record = stack.enter_context(registry.RunRecord(run_id, str(run_dir)))
+            work = run_dir / "work"
+            work.mkdir()
+            port = free_tcp_port()
+            ctl = stack.enter_context(Controller(plan_path, run_dir, port,
+                                                 on_start=lambda pid: record.add(processes=[pid])))
+            ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
+            t0 = time.monotonic()
+            from .fabric import MininetFabric  # Mininet is imported only when a fabric is built
+
+            fab = stack.enter_context(MininetFabric(plan, run_id, datapath, port, record, work))
+            # runs first when the stack unwinds: marks the start of teardown
+            stack.callback(lambda: timings.__setitem__("teardown_started", time.monotonic()))
+            timings["fabric_up"] = round(time.monotonic() - t0, 3)
+            ready = ctl.wait_fabric_ready(len(plan.switches), FABRIC_READY_TIMEOUT_S)
+            timings["flows_installed"] = round(time.monotonic() - t0, 3)
+            LOG.info("fabric up in %.1fs; controller programmed %d switches (%d flows, %d groups)",
+                     timings["flows_installed"], len(ready), sum(e["flows"] for e in ready),
+                     sum(e["groups"] for e in ready))
+            t1 = time.monotonic()
+            manifest["reachability"] = check_reachability(fab, plan)
+            timings["reachability"] = round(time.monotonic() - t1, 3)
+            LOG.info("reachability: all %d GPU pairs answered over the planned number of hops",
+                     manifest["reachability"]["pairs"])
+            if options.hook:
+                options.hook(fab, plan)
+            if options.cli:
+                LOG.info("Mininet CLI: try 'h1 ping h8', 'sh ovs-ofctl -O OpenFlow13 dump-flows leaf1'; "
+                         "exit to tear down")
+                fab.cli()
+            ctl.check_alive()
+            status = "ok"
+    except KeyboardInterrupt:
+        status, reason = "interrupted", "SIGINT (Ctrl-C)"
+        raise
+    except Terminated:
+        status, reason = "interrupted", "SIGTERM"
+        raise
+    except TestbedError as exc:
+        reason = str(exc)
+        raise
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if "teardown_started" in timings:
+            timings["teardown"] = round(time.monotonic() - timings.pop("teardown_started"), 3)
+        timings["total"] = round(time.monotonic() - t_start, 3)
+        manifest.update(status=status, reason=reason, ended_utc=datetime.now(timezone.utc).isoformat())
+        write_manifest(run_dir, manifest)
+        LOG.info("run %s %s%s; results in %s", run_id, status, f" ({reason})" if reason else "",
+                 _relative(run_dir))
+    return RunResult(run_dir=run_dir, status=status, reason=reason, manifest=manifest)
+
+
+def write_manifest(run_dir: Path, manifest: dict):
+    tmp = run_dir / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, run_dir / "manifest.json")
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+__all__ = ["run", "RunOptions", "RunResult", "Terminated", "wait_for"]

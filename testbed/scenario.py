@@ -1,0 +1,542 @@
+"""Scenarios: YAML in real units -> validated, frozen objects (no root needed).
+
+A scenario file (``scenarios/*.yaml``) names a topology (``topologies/*.yaml``),
+may override any of its fields under ``fabric:``, and sets queue and run
+options. ``--set PATH=VALUE`` overrides apply to the resolved document before
+validation, so they are checked exactly like the files. Every problem is
+reported with the file (or ``--set``) it came from and its YAML path; all
+problems are collected before failing.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import units
+from .errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_DIR = ROOT / "scenarios"
+TOPOLOGY_DIR = ROOT / "topologies"
+DEFAULT_SCENARIO = "default"
+
+KINDS = ("leaf-spine", "top-of-rack", "rail-optimised")
+DATAPATHS = ("auto", "kernel", "user")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+# Address plan limits: leaf L, host n -> 10.0.L.n; switch names like spine12-eth130 must fit IFNAMSIZ.
+MAX_LEAVES = 250
+MAX_HOSTS_PER_LEAF = 250
+MAX_SPINES = 64
+MAX_GPUS = 1024
+
+# -- frozen result objects -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A class of links: rate in real bits/s and cable length (propagation delay follows)."""
+
+    rate_bps: int
+    cable_m: float
+
+    @property
+    def delay_ns(self) -> int:
+        return units.cable_delay_ns(self.cable_m)
+
+
+@dataclass(frozen=True)
+class UplinkSpec:
+    count: int
+    link: LinkSpec
+
+
+@dataclass(frozen=True)
+class LeafSpec:
+    """One leaf: how many GPU hosts hang off it and its uplinks to the spines."""
+
+    hosts: int
+    uplinks: UplinkSpec
+
+
+@dataclass(frozen=True)
+class Fabric:
+    kind: str
+    spines: int
+    leaves: tuple  # of LeafSpec
+    host_link: LinkSpec
+    gpus_per_server: int
+    nvlink_rate_bps: int
+    # rail-optimised only: GPU k of every server sits on rail leaf k
+    servers: int
+
+
+@dataclass(frozen=True)
+class Ecn:
+    kmin_bytes: int | None
+    kmax_bytes: int | None
+    pmax: float | None
+
+
+@dataclass(frozen=True)
+class Pfc:
+    xoff_bytes: int | None
+    xon_bytes: int | None
+    headroom_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Queues:
+    """Switch egress queue settings. ``None`` values are derived from link rate and cable
+    length by the queues stage; ``ecn``/``pfc`` of ``None`` mean the feature is off."""
+
+    buffer_bytes: int | None
+    ecn: Ecn | None
+    pfc: Pfc | None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    source: str  # file the scenario came from
+    topology_source: str
+    fabric: Fabric
+    queues: Queues
+    traffic: str | None
+    dilation: float | None  # None = auto
+    datapath: str
+    seed: int
+    resolved: dict = field(compare=False, repr=False)  # the document as validated (for the manifest)
+
+
+# -- loading and overrides -------------------------------------------------------------------
+
+
+class _Origins:
+    """Remembers which file (or --set) each part of the resolved document came from."""
+
+    def __init__(self):
+        self._entries: list[tuple[tuple, str, tuple]] = []
+
+    def add(self, path: tuple, label: str, base: tuple = ()):
+        self._entries.append((tuple(path), label, tuple(base)))
+
+    def locate(self, path: tuple) -> str:
+        best = None
+        for entry_path, label, base in self._entries:
+            if path[: len(entry_path)] == entry_path and (best is None or len(entry_path) >= len(best[0])):
+                best = (entry_path, label, base)
+        if best is None:
+            return format_path(path)
+        entry_path, label, base = best
+        rest = format_path(base + path[len(entry_path):])
+        return f"{label}: {rest}" if rest else label
+
+
+def format_path(path) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        try:
+            return str(path.resolve().relative_to(ROOT))
+        except ValueError:
+            return str(path)
+
+
+def _read_yaml(path: Path, label: str) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read: {exc.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{label}: not valid YAML{where}: {problem}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{label}: expected a mapping at the top level, got {type(doc).__name__}")
+    return doc
+
+
+def _find(ref: str, directory: Path, what: str, label: str) -> Path:
+    """A scenario/topology is named (``rail-2x4``) or given as a path."""
+    candidate = Path(ref)
+    if candidate.suffix in (".yaml", ".yml") or "/" in ref:
+        if candidate.is_file():
+            return candidate
+        raise ConfigError(f"{label}: {what} file {ref!r} not found")
+    if not NAME_RE.fullmatch(ref):
+        raise ConfigError(f"{label}: {what} name {ref!r} is not valid (lowercase letters, digits, - and _)")
+    path = directory / f"{ref}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in directory.glob("*.yaml"))
+        raise ConfigError(f"{label}: unknown {what} {ref!r} (known: {', '.join(known)})")
+    return path
+
+
+def _deep_merge(base: dict, top: dict, origins: _Origins, path: tuple, label: str, base_path: tuple):
+    for key, value in top.items():
+        here = path + (key,)
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value, origins, here, label, base_path + (key,))
+        else:
+            base[key] = copy.deepcopy(value)
+            origins.add(here, label, base_path + (key,))
+
+
+_SET_RE = re.compile(r"(?P<path>[A-Za-z_][A-Za-z0-9_]*(?:\[[0-9]+\]|\.[A-Za-z_][A-Za-z0-9_]*)*)=(?P<value>.*)", re.S)
+
+
+def parse_set(text: str) -> tuple[tuple, Any]:
+    """``"fabric.leaves[1].hosts=4"`` -> (("fabric", "leaves", 1, "hosts"), 4)."""
+    m = _SET_RE.fullmatch(text)
+    if not m:
+        raise ConfigError(f"--set {text}: expected PATH=VALUE, for example fabric.spines=4")
+    path = tuple(
+        int(tok[1:-1]) if tok.startswith("[") else tok
+        for tok in re.findall(r"\[[0-9]+\]|[A-Za-z_][A-Za-z0-9_]*", m.group("path"))
+    )
+    try:
+        value = yaml.safe_load(m.group("value")) if m.group("value").strip() else None
+    except yaml.YAMLError:
+        value = m.group("value")
+    return path, value
+
+
+def _apply_set(doc: dict, path: tuple, value, text: str):
+    node = doc
+    for i, part in enumerate(path[:-1]):
+        nxt = path[i + 1]
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                raise ConfigError(f"--set {text}: {format_path(path[: i + 1])} does not exist")
+            node = node[part]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {text}: {format_path(path[:i])} is not a mapping")
+        if node.get(part) is None or (isinstance(nxt, str) and not isinstance(node[part], dict)):
+            if isinstance(nxt, int):
+                raise ConfigError(f"--set {text}: {format_path(path[: i + 1])} is not a list")
+            node[part] = {}
+        node = node[part]
+    last = path[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ConfigError(f"--set {text}: {format_path(path)} does not exist")
+    elif not isinstance(node, dict):
+        raise ConfigError(f"--set {text}: {format_path(path[:-1])} is not a mapping")
+    node[last] = value
+
+
+def load(ref: str | None = None, overrides: list[str] | tuple = ()) -> Scenario:
+    """Load a scenario by name or path (a topology file is accepted too), apply ``--set``
+    overrides and validate. Raises ConfigError listing every problem."""
+    ref = ref or DEFAULT_SCENARIO
+    path = _find(ref, SCENARIO_DIR, "scenario", "scenario")
+    label = _display(path)
+    doc = _read_yaml(path, label)
+    origins = _Origins()
+    if "kind" in doc and "topology" not in doc:
+        # A bare topology file: run it with the default scenario settings.
+        topo_doc, topo_label = doc, label
+        doc = {"name": re.sub(r"[^a-z0-9_-]", "-", path.stem.lower())[:32] or "topology"}
+        scenario_label = "(defaults)"
+    else:
+        scenario_label = label
+        topo_ref = doc.get("topology")
+        if not isinstance(topo_ref, str):
+            raise ConfigError(f"{label}: topology: expected the name of a file in topologies/, got {topo_ref!r}")
+        topo_path = _find(topo_ref, TOPOLOGY_DIR, "topology", f"{label}: topology")
+        topo_label = _display(topo_path)
+        topo_doc = _read_yaml(topo_path, topo_label)
+    origins.add((), scenario_label)
+    resolved = {k: copy.deepcopy(v) for k, v in doc.items() if k not in ("topology", "fabric")}
+    resolved["topology"] = topo_label
+    resolved["fabric"] = copy.deepcopy(topo_doc)
+    origins.add(("fabric",), topo_label)
+    if isinstance(doc.get("fabric"), dict):
+        _deep_merge(resolved["fabric"], doc["fabric"], origins, ("fabric",), scenario_label, ("fabric",))
+    elif doc.get("fabric") is not None:
+        raise ConfigError(f"{scenario_label}: fabric: expected a mapping of topology fields to override")
+    for text in overrides:
+        set_path, value = parse_set(text)
+        if set_path[0] == "topology":
+            raise ConfigError(f"--set {text}: choose the topology with the scenario argument, not --set")
+        _apply_set(resolved, set_path, value, text)
+        origins.add(set_path, f"--set {text}")
+    return _validate(resolved, origins, source=label, topology_source=topo_label)
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+class _Checker:
+    """Collects problems with their location; typed getters return None on a problem."""
+
+    def __init__(self, origins: _Origins):
+        self.origins = origins
+        self.problems: list[str] = []
+
+    def problem(self, path: tuple, message: str):
+        self.problems.append(f"{self.origins.locate(path)}: {message}")
+
+    def mapping(self, doc, path: tuple, allowed: tuple) -> dict:
+        if doc is None:
+            return {}
+        if not isinstance(doc, dict):
+            self.problem(path, f"expected a mapping, got {_show(doc)}")
+            return {}
+        for key in doc:
+            if key not in allowed:
+                self.problem(path + (key,), f"unknown field (expected one of: {', '.join(allowed)})")
+        return doc
+
+    def integer(self, doc: dict, key: str, path: tuple, default=None, minimum=0, maximum=None):
+        value = doc.get(key, default)
+        here = path + (key,)
+        if value is None:
+            self.problem(here, "required (an integer)")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problem(here, f"expected an integer, got {_show(value)}")
+            return None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+            self.problem(here, f"expected an integer {bound}, got {value}")
+            return None
+        return value
+
+    def unit(self, doc: dict, key: str, path: tuple, parser, default=None, required=True):
+        value = doc.get(key, default)
+        here = path + (key,)
+        if value is None:
+            if required:
+                self.problem(here, "required")
+            return None
+        try:
+            return parser(value)
+        except units.UnitError as exc:
+            self.problem(here, str(exc))
+            return None
+
+    def choice(self, doc: dict, key: str, path: tuple, choices: tuple, default):
+        value = doc.get(key, default)
+        if value not in choices:
+            self.problem(path + (key,), f"expected one of {', '.join(choices)}, got {_show(value)}")
+            return None
+        return value
+
+
+def _show(value) -> str:
+    return repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+
+
+_SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "dilation", "datapath", "seed")
+_FABRIC_KEYS = {
+    "leaf-spine": ("kind", "description", "spines", "leaves", "hosts_per_leaf", "gpus_per_server",
+                   "host_link", "uplinks", "nvlink"),
+    "top-of-rack": ("kind", "description", "spines", "servers", "gpus_per_server", "servers_per_leaf",
+                    "host_link", "uplinks", "nvlink"),
+    "rail-optimised": ("kind", "description", "spines", "servers", "gpus_per_server",
+                       "host_link", "uplinks", "nvlink"),
+}
+_LINK_KEYS = ("rate", "cable")
+_UPLINK_KEYS = ("count", "rate", "cable")
+_LEAF_KEYS = ("hosts", "uplinks")
+
+
+def _validate(doc: dict, origins: _Origins, source: str, topology_source: str) -> Scenario:
+    c = _Checker(origins)
+    c.mapping(doc, (), _SCENARIO_KEYS)
+    name = doc.get("name")
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        c.problem(("name",), f"expected 1-32 characters of a-z, 0-9, - and _ starting with a letter or digit, "
+                             f"got {_show(name)}")
+    description = doc.get("description") or ""
+    if not isinstance(description, str):
+        c.problem(("description",), f"expected text, got {_show(description)}")
+        description = ""
+    fabric = _validate_fabric(c, doc.get("fabric"), ("fabric",))
+    queues = _validate_queues(c, doc.get("queues"), ("queues",))
+    traffic = doc.get("traffic")
+    if traffic is not None:
+        c.problem(("traffic",), "training workloads are not available yet (traffic/README.md); "
+                                "leave traffic unset")
+    dilation = doc.get("dilation", "auto")
+    if dilation == "auto":
+        dilation = None
+    elif isinstance(dilation, bool) or not isinstance(dilation, (int, float)) or not dilation >= 1:
+        c.problem(("dilation",), f"expected 'auto' or a number >= 1, got {_show(dilation)}")
+        dilation = None
+    datapath = c.choice(doc, "datapath", (), DATAPATHS, "auto")
+    seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
+    if c.problems:
+        raise ConfigError(c.problems)
+    return Scenario(name=name, description=description.strip(), source=source, topology_source=topology_source,
+                    fabric=fabric, queues=queues, traffic=traffic, dilation=dilation, datapath=datapath,
+                    seed=seed, resolved=doc)
+
+
+def _link(c: _Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):
+    doc = c.mapping(doc, path, keys)
+    rate = c.unit(doc, "rate", path, units.parse_rate_bps)
+    cable = c.unit(doc, "cable", path, units.parse_length_m, default=default_cable)
+    if rate is None or cable is None:
+        return None
+    return LinkSpec(rate_bps=rate, cable_m=cable)
+
+
+def _uplinks(c: _Checker, doc, path: tuple, spines: int | None, defaults: dict | None = None):
+    merged = dict(defaults or {})
+    if doc is not None and not isinstance(doc, dict):
+        c.problem(path, f"expected a mapping with count, rate, cable, got {_show(doc)}")
+        return None
+    merged.update(doc or {})
+    c.mapping(merged, path, _UPLINK_KEYS)
+    if spines == 0:
+        if merged.get("count") not in (None, 0):
+            c.problem(path + ("count",), "a fabric without spines has no uplinks; set spines >= 1")
+            return None
+        return UplinkSpec(count=0, link=LinkSpec(rate_bps=1, cable_m=0.0))
+    count = c.integer(merged, "count", path, default=spines, minimum=1, maximum=256)
+    link = _link(c, {k: v for k, v in merged.items() if k != "count"}, path, default_cable="100m")
+    if count is None or link is None or spines is None:
+        return None
+    if count % spines:
+        c.problem(path + ("count",), f"expected a multiple of spines ({spines}) so every spine gets the same "
+                                     f"number of links, got {count}")
+        return None
+    return UplinkSpec(count=count, link=link)
+
+
+def _validate_fabric(c: _Checker, doc, path: tuple) -> Fabric | None:
+    if not isinstance(doc, dict):
+        c.problem(path, f"expected a topology mapping, got {_show(doc)}")
+        return None
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        c.problem(path + ("kind",), f"expected one of {', '.join(KINDS)}, got {_show(kind)}")
+        return None
+    c.mapping(doc, path, _FABRIC_KEYS[kind])
+    spines = c.integer(doc, "spines", path, minimum=0, maximum=MAX_SPINES)
+    host_link = _link(c, doc.get("host_link"), path + ("host_link",))
+    gpus_per_server = c.integer(doc, "gpus_per_server", path, default=1, minimum=1, maximum=16)
+    nvlink = c.mapping(doc.get("nvlink"), path + ("nvlink",), ("rate",))
+    nvlink_rate = c.unit(nvlink, "rate", path + ("nvlink",), units.parse_rate_bps, default="3.6T")
+    uplink_doc = doc.get("uplinks")
+    leaves: list[LeafSpec] = []
+    servers = 0
+    if kind == "leaf-spine":
+        hosts_per_leaf = c.integer(doc, "hosts_per_leaf", path, minimum=1, maximum=MAX_HOSTS_PER_LEAF)
+        raw_leaves = doc.get("leaves")
+        if isinstance(raw_leaves, list):
+            entries = raw_leaves
+            if not 1 <= len(entries) <= MAX_LEAVES:
+                c.problem(path + ("leaves",), f"expected 1 to {MAX_LEAVES} leaves, got {len(entries)}")
+        else:
+            count = c.integer(doc, "leaves", path, minimum=1, maximum=MAX_LEAVES)
+            entries = [None] * (count or 0)
+        base_uplinks = _uplinks(c, uplink_doc, path + ("uplinks",), spines)
+        for i, entry in enumerate(entries):
+            here = path + ("leaves", i)
+            if entry is None:
+                hosts, up = hosts_per_leaf, base_uplinks
+            else:
+                entry = c.mapping(entry, here, _LEAF_KEYS)
+                hosts = c.integer(entry, "hosts", here, default=hosts_per_leaf, minimum=1,
+                                  maximum=MAX_HOSTS_PER_LEAF)
+                up = (_uplinks(c, entry["uplinks"], here + ("uplinks",), spines, defaults=uplink_doc)
+                      if "uplinks" in entry else base_uplinks)
+            if hosts is not None and gpus_per_server and hosts % gpus_per_server:
+                c.problem(here if entry is not None else path + ("hosts_per_leaf",),
+                          f"{hosts} hosts do not divide into servers of gpus_per_server={gpus_per_server}")
+            if hosts is not None and up is not None:
+                leaves.append(LeafSpec(hosts=hosts, uplinks=up))
+        if len(leaves) == len(entries) and gpus_per_server:
+            servers = sum(leaf.hosts for leaf in leaves) // gpus_per_server
+    else:
+        servers = c.integer(doc, "servers", path, minimum=1, maximum=MAX_HOSTS_PER_LEAF)
+        up = _uplinks(c, uplink_doc, path + ("uplinks",), spines)
+        if kind == "top-of-rack":
+            per_leaf = c.integer(doc, "servers_per_leaf", path, minimum=1, maximum=MAX_HOSTS_PER_LEAF)
+            if servers and per_leaf and gpus_per_server:
+                if servers % per_leaf:
+                    c.problem(path + ("servers_per_leaf",),
+                              f"expected a divisor of servers ({servers}), got {per_leaf}")
+                elif per_leaf * gpus_per_server > MAX_HOSTS_PER_LEAF:
+                    c.problem(path + ("servers_per_leaf",), f"{per_leaf} servers x {gpus_per_server} GPUs is more "
+                                                            f"than {MAX_HOSTS_PER_LEAF} hosts on one leaf")
+                elif up is not None:
+                    leaves = [LeafSpec(hosts=per_leaf * gpus_per_server, uplinks=up)] * (servers // per_leaf)
+        elif servers and gpus_per_server and up is not None:
+            leaves = [LeafSpec(hosts=servers, uplinks=up)] * gpus_per_server
+    if spines == 0 and len(leaves) > 1:
+        c.problem(path + ("spines",), f"{len(leaves)} leaves need at least one spine to reach each other")
+    if leaves and sum(leaf.hosts for leaf in leaves) > MAX_GPUS:
+        c.problem(path, f"{sum(leaf.hosts for leaf in leaves)} GPUs is more than the {MAX_GPUS} supported")
+    if c.problems or spines is None or host_link is None or gpus_per_server is None or nvlink_rate is None:
+        return None
+    return Fabric(kind=kind, spines=spines, leaves=tuple(leaves), host_link=host_link,
+                  gpus_per_server=gpus_per_server, nvlink_rate_bps=nvlink_rate, servers=servers)
+
+
+def _off(value) -> bool:
+    return value is False or value == "off"
+
+
+def _validate_queues(c: _Checker, doc, path: tuple) -> Queues | None:
+    doc = c.mapping(doc, path, ("buffer", "ecn", "pfc"))
+    buffer = c.unit(doc, "buffer", path, units.parse_size_bytes, required=False)
+    ecn = pfc = None
+    raw_ecn = doc.get("ecn", {})
+    if not _off(raw_ecn):
+        here = path + ("ecn",)
+        e = c.mapping(raw_ecn, here, ("kmin", "kmax", "pmax"))
+        kmin = c.unit(e, "kmin", here, units.parse_size_bytes, required=False)
+        kmax = c.unit(e, "kmax", here, units.parse_size_bytes, required=False)
+        pmax = e.get("pmax")
+        if pmax is not None and (isinstance(pmax, bool) or not isinstance(pmax, (int, float)) or not 0 < pmax <= 1):
+            c.problem(here + ("pmax",), f"expected a probability in (0, 1], got {_show(pmax)}")
+            pmax = None
+        if kmin is not None and kmax is not None and kmin > kmax:
+            c.problem(here + ("kmin",), f"kmin ({units.format_size(kmin)}) must not exceed kmax "
+                                        f"({units.format_size(kmax)})")
+        if kmax is not None and buffer is not None and kmax > buffer:
+            c.problem(here + ("kmax",), f"kmax ({units.format_size(kmax)}) must not exceed the buffer "
+                                        f"({units.format_size(buffer)})")
+        ecn = Ecn(kmin_bytes=kmin, kmax_bytes=kmax, pmax=pmax)
+    raw_pfc = doc.get("pfc", {})
+    if not _off(raw_pfc):
+        here = path + ("pfc",)
+        p = c.mapping(raw_pfc, here, ("xoff", "xon", "headroom"))
+        xoff = c.unit(p, "xoff", here, units.parse_size_bytes, required=False)
+        xon = c.unit(p, "xon", here, units.parse_size_bytes, required=False)
+        headroom = c.unit(p, "headroom", here, units.parse_size_bytes, required=False)
+        if xoff is not None and xon is not None and xon > xoff:
+            c.problem(here + ("xon",), f"xon ({units.format_size(xon)}) must not exceed xoff "
+                                       f"({units.format_size(xoff)})")
+        if buffer is not None and xoff is not None and (headroom or 0) + xoff > buffer:
+            c.problem(here + ("xoff",), f"xoff + headroom ({units.format_size(xoff + (headroom or 0))}) must fit "
+                                        f"in the buffer ({units.format_size(buffer)})")
+        pfc = Pfc(xoff_bytes=xoff, xon_bytes=xon, headroom_bytes=headroom)
+    return Queues(buffer_bytes=buffer, ecn=ecn, pfc=pfc)

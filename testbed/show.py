@@ -1,0 +1,96 @@
+"""``testbed show``: the planned fabric as text, in real and emulated units (no root needed)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .errors import ConfigError
+from .plan import Plan
+from .units import format_duration, format_rate, format_size
+
+
+def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
+    sc, d = plan.scenario, plan.dilation
+    fab = sc.fabric
+    out = [f"scenario {sc.name} ({sc.source}; topology {sc.topology_source})"]
+    if sc.description:
+        out.append(f"  {sc.description}")
+    out.append(f"fabric: {fab.kind}, {len(plan.hosts)} GPUs in {len(plan.servers)} servers, "
+               f"{sum(s.role == 'leaf' for s in plan.switches)} leaves, {fab.spines} spines")
+    out.append(f"dilation: {d.factor:g} ({plan.dilation_reason})")
+    out.append(f"  real 400G = {format_rate(d.rate_bps(400e9))}bit/s emulated; real 1us = "
+               f"{format_duration(d.duration_ns(1000))} emulated; bytes unchanged")
+    over = plan.oversubscription()
+    ratios = sorted({round(v, 3) for v in over.values() if v is not None})
+    out.append("oversubscription (host capacity : uplink capacity per leaf): "
+               + (", ".join(f"{r:g}:1" for r in ratios) if ratios else "n/a (single leaf)"))
+    bis = plan.bisection_bps()
+    out.append(f"bisection bandwidth: {format_rate(bis)}bit/s real, {format_rate(d.rate_bps(bis))}bit/s "
+               f"emulated (max-flow from the first half of the GPUs to the second, one direction)")
+
+    out.append("")
+    out.append("switches:")
+    for s in plan.switches:
+        ports = [lk for lk in plan.fabric_links if s.name in (lk.a, lk.b)]
+        out.append(f"  {s.name:8} {s.role:5} dpid {s.dpid_hex}  {len(ports)} ports")
+    out.append("")
+    out.append("links (real rate / emulated rate, cable delay real / emulated):")
+    groups = Counter((lk.kind, lk.rate_bps, lk.delay_ns) for lk in plan.links)
+    for (kind, rate, delay), n in sorted(groups.items()):
+        delay_text = (f"{format_duration(delay)} / {format_duration(d.duration_ns(delay))}"
+                      if kind != "nvlink" else "inside the server")
+        out.append(f"  {n:3} x {kind:6} {format_rate(rate):>5} / {format_rate(d.rate_bps(rate)) + 'bit/s':>11}"
+                   f"   {delay_text}")
+    for lk in plan.links:
+        if lk.kind == "uplink":
+            out.append(f"        {lk.a_intf:14} <-> {lk.b_intf}")
+    out.append("")
+    out.append("servers and GPUs (fabric NIC -> leaf port, address; NVLink address):")
+    for server in plan.servers:
+        nv = f"NVLink bridge {server.nvlink_bridge}" if server.nvlink_bridge else "single GPU, no NVLink"
+        out.append(f"  {server.name} ({nv})")
+        for name in server.gpus:
+            h = plan.host(name)
+            rail = f" rail {h.local_rank}" if fab.kind == "rail-optimised" else ""
+            nvip = f"  nvlink {h.nvlink_ip}" if h.nvlink_ip else ""
+            out.append(f"    {h.name:5} gpu{h.local_rank}{rail:8} {h.name}-eth0 -> {h.leaf}-eth{h.leaf_port:<3} "
+                       f"{h.ip:15} {h.mac}{nvip}")
+    out.append("")
+    q = sc.queues
+    out.append("queues (applied by the switch-queue stage, not yet in this version):")
+    out.append(f"  buffer {format_size(q.buffer_bytes) if q.buffer_bytes else 'derived'}; "
+               f"ECN {_ecn(q)}; PFC {_pfc(q)}")
+    out.append("")
+    if pair is None:
+        first, last = plan.hosts[0], plan.hosts[-1]
+        pair = (first.name, last.name) if len(plan.hosts) > 1 else None
+    if pair:
+        src, dst = pair
+        for name in pair:
+            try:
+                plan.host(name)
+            except KeyError:
+                raise ConfigError(f"--paths: no GPU host {name!r} (hosts are h1..h{len(plan.hosts)})") from None
+        paths = plan.ecmp_paths(src, dst)
+        out.append(f"ECMP paths {src} -> {dst}: {len(paths)}")
+        for p in paths:
+            out.append("  " + " -> ".join(f"{node}[{intf}]" if intf else node for node, intf in p))
+    return "\n".join(out)
+
+
+def _ecn(q) -> str:
+    if q.ecn is None:
+        return "off"
+    e = q.ecn
+    kmin = format_size(e.kmin_bytes) if e.kmin_bytes is not None else "derived"
+    kmax = format_size(e.kmax_bytes) if e.kmax_bytes is not None else "derived"
+    pmax = f"{e.pmax:g}" if e.pmax is not None else "derived"
+    return f"kmin {kmin} kmax {kmax} pmax {pmax}"
+
+
+def _pfc(q) -> str:
+    if q.pfc is None:
+        return "off"
+    p = q.pfc
+    parts = [(k, v) for k, v in (("xoff", p.xoff_bytes), ("xon", p.xon_bytes), ("headroom", p.headroom_bytes))]
+    return " ".join(f"{k} {format_size(v) if v is not None else 'derived'}" for k, v in parts)

@@ -1,0 +1,153 @@
+"""Real fabric units and time dilation.
+
+Scenarios are written in the units an engineer uses on a real fabric (``400G``,
+``1us``, ``32MB``, ``100m``). This module owns parsing them into plain numbers
+(bits per second, nanoseconds, bytes, metres) and the one conversion between the
+real fabric and the emulation: rates are divided by the dilation factor D,
+durations multiplied by it, byte counts left alone. Nothing else in the project
+multiplies by D.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+# Signal propagation in fibre/copper: about 5 ns per metre (velocity factor ~0.67).
+PROPAGATION_NS_PER_M = 5.0
+
+_NUMBER = r"(?P<num>[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+
+_RATE_UNITS = {
+    "": 1, "bps": 1, "b/s": 1,
+    "k": 1e3, "kbps": 1e3, "kbit": 1e3, "kb/s": 1e3,
+    "m": 1e6, "mbps": 1e6, "mbit": 1e6, "mb/s": 1e6,
+    "g": 1e9, "gbps": 1e9, "gbit": 1e9, "gb/s": 1e9, "gbe": 1e9,
+    "t": 1e12, "tbps": 1e12, "tbit": 1e12, "tb/s": 1e12,
+}
+_TIME_UNITS_NS = {"ns": 1, "us": 1e3, "\u00b5s": 1e3, "ms": 1e6, "s": 1e9}
+# Decimal prefixes are SI (switch datasheets quote MB as 10^6 bytes is not
+# universal, so binary prefixes are accepted explicitly as KiB/MiB/GiB).
+_SIZE_UNITS = {
+    "b": 1, "": 1, "bytes": 1,
+    "kb": 1e3, "mb": 1e6, "gb": 1e9,
+    "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3,
+}
+_LENGTH_UNITS_M = {"m": 1, "cm": 0.01, "km": 1000}
+
+
+class UnitError(ValueError):
+    """A value that is not a number with a unit of the expected kind."""
+
+
+def _parse(text, units: dict, kind: str, examples: str, allow_bare: bool) -> float:
+    if isinstance(text, bool):
+        raise UnitError(f"expected a {kind} like {examples}, got {text!r}")
+    if isinstance(text, (int, float)):
+        if not allow_bare:
+            raise UnitError(f"expected a {kind} with a unit like {examples}, got bare number {text!r}")
+        value = float(text)
+    else:
+        m = re.fullmatch(_NUMBER + r"\s*(?P<unit>[^\s0-9]*)", str(text).strip())
+        unit = m.group("unit").lower() if m else None
+        if m is None or unit not in units:
+            raise UnitError(f"expected a {kind} like {examples}, got {text!r}")
+        if unit == "" and not allow_bare:
+            raise UnitError(f"expected a {kind} with a unit like {examples}, got {text!r}")
+        value = float(m.group("num")) * units[unit]
+    if not math.isfinite(value) or value < 0:
+        raise UnitError(f"expected a non-negative {kind}, got {text!r}")
+    return value
+
+
+def parse_rate_bps(text) -> int:
+    """``"400G"`` -> 400_000_000_000 (bits per second). Bare numbers are not accepted."""
+    value = _parse(text, _RATE_UNITS, "rate", "400G, 25Gbps, 100M", allow_bare=False)
+    if value <= 0:
+        raise UnitError(f"expected a positive rate, got {text!r}")
+    return int(round(value))
+
+
+def parse_duration_ns(text) -> int:
+    """``"1us"`` -> 1000 (nanoseconds)."""
+    return int(round(_parse(text, _TIME_UNITS_NS, "duration", "1us, 500ns, 2ms", allow_bare=False)))
+
+
+def parse_size_bytes(text) -> int:
+    """``"32MB"`` -> 32_000_000; ``"1MiB"`` -> 1_048_576; a bare integer is bytes."""
+    return int(round(_parse(text, _SIZE_UNITS, "size", "32MB, 100KB, 9000B", allow_bare=True)))
+
+
+def parse_length_m(text) -> float:
+    """``"100m"`` -> 100.0 metres of cable."""
+    return _parse(text, _LENGTH_UNITS_M, "cable length", "3m, 100m, 2km", allow_bare=False)
+
+
+def cable_delay_ns(length_m: float) -> int:
+    """One-way propagation delay of a cable of ``length_m`` metres."""
+    return int(round(length_m * PROPAGATION_NS_PER_M))
+
+
+def format_rate(bps: float) -> str:
+    """400e9 -> ``"400G"``; 10e6 -> ``"10M"``; keeps three significant digits."""
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if bps >= scale:
+            return f"{_sig(bps / scale)}{unit}"
+    return f"{_sig(bps)}bps"
+
+
+def format_duration(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{_sig(ns / scale)}{unit}"
+    return f"{_sig(ns)}ns"
+
+
+def format_size(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{_sig(nbytes / scale)}{unit}"
+    return f"{int(nbytes)}B"
+
+
+def _sig(x: float) -> str:
+    text = f"{x:.3g}"
+    if "e" in text:  # large values: plain integer rather than 1.2e+03
+        text = str(int(round(x)))
+    return text
+
+
+@dataclass(frozen=True)
+class Dilation:
+    """Time dilation by ``factor`` (D >= 1): real-fabric values <-> emulated values."""
+
+    factor: float
+
+    def __post_init__(self):
+        if not (math.isfinite(self.factor) and self.factor >= 1):
+            raise UnitError(f"dilation must be a number >= 1, got {self.factor!r}")
+
+    def rate_bps(self, real_bps: float) -> float:
+        """Emulated rate for a real-fabric rate."""
+        return real_bps / self.factor
+
+    def duration_ns(self, real_ns: float) -> float:
+        """Emulated duration for a real-fabric duration."""
+        return real_ns * self.factor
+
+    def real_duration_ns(self, emulated_ns: float) -> float:
+        """Real-fabric-equivalent duration of an emulated one."""
+        return emulated_ns / self.factor
+
+    @staticmethod
+    def nice(minimum: float) -> "Dilation":
+        """Smallest 1/2/5 x 10^k factor that is >= ``minimum`` (and >= 1)."""
+        if minimum <= 1:
+            return Dilation(1)
+        exp = math.floor(math.log10(minimum))
+        for mantissa in (1, 2, 5, 10):
+            candidate = mantissa * 10 ** exp
+            if candidate >= minimum * (1 - 1e-12):
+                return Dilation(candidate)
+        raise AssertionError("unreachable")
