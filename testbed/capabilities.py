@@ -78,10 +78,10 @@ def qdisc_support() -> dict[str, bool]:
     out = {}
     with scratch_namespace() as ns:
         for q in QDISCS:
-            parent = ["clsact"] if q == "clsact" else ["root"]
-            res = _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "d0", *parent, q, *args[q]])
+            where = ["clsact"] if q == "clsact" else ["root", q]
+            res = _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "d0", *where, *args[q]])
             out[q] = res.returncode == 0
-            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "d0", *parent])
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "d0", where[0]])
     return out
 
 
@@ -90,7 +90,7 @@ def _version(argv) -> str | None:
         return None
     res = _run(argv)
     text = (res.stdout or res.stderr).strip().splitlines()
-    return text[0] if text else ""
+    return text[0] if text else "present"
 
 
 def checks() -> list[Check]:
@@ -108,7 +108,7 @@ def checks() -> list[Check]:
                            "missing: runs continue without link delay and say so",
                            "a kernel with sch_netem (the lab VM has it)", required=False))
         items.append(Check("qdisc red", q["red"], "available (not used: marking is done in BPF)"
-                           if q["red"] else "missing (not needed: marking is done in BPF)", required=False))
+                           if q["red"] else "missing (not needed: marking is done in BPF)", fix="", required=False))
     else:
         items.append(Check("qdiscs", None, "not tested (needs root)", "run doctor as root"))
     btf = Path("/sys/kernel/btf/vmlinux").exists()

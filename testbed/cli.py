@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="bring the fabric up, check every GPU pair, record results, tear down")
     _add_scenario_args(p)
     p.add_argument("--cli", action="store_true", help="open the Mininet CLI after bring-up")
+    p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
+                   help="keep the fabric up this long after the checks, then tear down (Ctrl-C ends it early)")
     p.add_argument("--results", type=Path, default=None, help="results folder (default: results/)")
     p.add_argument("--datapath", choices=scenarios.DATAPATHS, default=None, help="OVS datapath (default: auto)")
     p = sub.add_parser("show", help="print the planned fabric (no root needed)")
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
             from . import run
 
             sc = _load(args)
-            opts = run.RunOptions(cli=args.cli, datapath=args.datapath)
+            opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold)
             if args.results:
                 opts.results_dir = args.results
             try:
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
             width = max(len(c.name) for c in items)
             for c in items:
                 mark = {True: "ok", False: "MISSING" if c.required else "absent", None: "?"}[c.ok]
-                fix = f"  -> {c.fix}" if c.ok is False or c.ok is None else ""
+                fix = f"  -> {c.fix}" if c.fix and not c.ok else ""
                 print(f"{c.name:<{width}}  {mark:8} {c.detail}{fix}")
             print()
             for line in capabilities.summary(items):

@@ -58,6 +58,7 @@ def sigterm_unwinds():
 class RunOptions:
     results_dir: Path = RESULTS_DIR
     cli: bool = False
+    hold_s: float = 0.0  # keep the fabric up this long after the checks (watch it from another shell)
     datapath: str | None = None  # overrides the scenario's
     hook: object = None  # callable(fabric, plan) run after reachability (tests use it)
 
@@ -192,6 +193,8 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             t1 = time.monotonic()
             manifest["reachability"] = check_reachability(fab, plan)
             timings["reachability"] = round(time.monotonic() - t1, 3)
+            manifest["status"] = "up"
+            write_manifest(run_dir, manifest)
             LOG.info("reachability: all %d GPU pairs answered over the planned number of hops",
                      manifest["reachability"]["pairs"])
             if options.hook:
@@ -200,6 +203,12 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
                 LOG.info("Mininet CLI: try 'h1 ping h8', 'sh ovs-ofctl -O OpenFlow13 dump-flows leaf1'; "
                          "exit to tear down")
                 fab.cli()
+            if options.hold_s > 0:
+                LOG.info("holding the fabric up for %gs (Ctrl-C tears it down)", options.hold_s)
+                hold_until = time.monotonic() + options.hold_s
+                while time.monotonic() < hold_until:
+                    ctl.check_alive()
+                    time.sleep(min(0.2, max(0.0, hold_until - time.monotonic())))
             ctl.check_alive()
             status = "ok"
     except KeyboardInterrupt:

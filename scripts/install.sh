@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Provision this machine for the testbed; idempotent, installs only what is missing.
+# Used by ./lab (quickstart), .ci/run (CI) and the Vagrantfile (lab VM), so it cannot rot.
+#   - Debian/Ubuntu packages: Mininet, Open vSwitch, iproute2, ethtool, ping, tcpdump
+#   - Open vSwitch started (systemd where it runs, else ovs-ctl)
+#   - a venv (system site packages, so the distribution's Mininet imports) with the
+#     project installed editable; TESTBED_VENV chooses where (default: .venv in the repo)
+#   - TESTBED_LINK_PYTHON=1 (the lab VM) links /usr/local/bin/python to the venv's
+#     interpreter so `sudo python -m testbed run` works there
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${TESTBED_VENV:-$repo/.venv}
+packages=(mininet openvswitch-switch python3-venv python3-pip iproute2 ethtool iputils-ping tcpdump)
+
+say() { printf '[install] %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "install.sh: run as root (it installs packages and starts Open vSwitch)" >&2
+    exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
+    if [ -d /run/systemd/system ]; then
+        say "starting openvswitch-switch (systemd)"
+        systemctl start openvswitch-switch
+    else
+        say "starting Open vSwitch (ovs-ctl)"
+        /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null
+    fi
+    ovs-vsctl --timeout=10 show >/dev/null
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+    say "creating venv $venv"
+    /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+stamp="$venv/.testbed-installed"
+want=$(cat "$repo/setup.cfg" "$repo/pyproject.toml" | sha256sum | cut -d' ' -f1)-$repo
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "pip install -e $repo[test]"
+    log=$(mktemp)
+    if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$repo[test]" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        exit 1
+    fi
+    rm -f "$log"
+    echo "$want" > "$stamp"
+fi
+
+if [ "${TESTBED_LINK_PYTHON:-0}" = 1 ]; then
+    ln -sf "$venv/bin/python" /usr/local/bin/python
+fi
+say "ready: $venv/bin/python -m testbed doctor"

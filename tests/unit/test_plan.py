@@ -1,0 +1,113 @@
+"""Plan outputs for each topology kind: golden JSON plus the properties that matter."""
+
+import json
+import os
+
+import pytest
+
+from conftest import GOLDEN, ROOT
+from testbed import plan, scenario
+from testbed.units import Dilation
+
+CASES = ["default", "leaf-spine", "rail-32", "topologies/tor-2x4.yaml", "topologies/leaf-spine-oversub.yaml"]
+
+
+def build(ref, *overrides):
+    return plan.build(scenario.load(ref, list(overrides)), "user")
+
+
+@pytest.mark.parametrize("ref", CASES)
+def test_plan_golden(ref):
+    """Links, ports, addresses, routes: any change to the plan shows up here
+    (regenerate with TESTBED_REGEN_GOLDEN=1 and review the diff)."""
+    got = build(ref).to_dict()
+    path = GOLDEN / "plans" / (ref.replace("topologies/", "topology-").replace(".yaml", "") + ".json")
+    if os.environ.get("TESTBED_REGEN_GOLDEN"):
+        path.write_text(json.dumps(got, indent=1) + "\n")
+    assert json.loads(json.dumps(got)) == json.loads(path.read_text())
+
+
+def test_rail_optimised_puts_gpu_k_of_every_server_on_rail_leaf_k():
+    p = build("default")
+    assert len(p.hosts) == 8 and len(p.servers) == 2
+    for h in p.hosts:
+        assert h.leaf == f"leaf{h.local_rank + 1}"
+    assert [h.name for h in p.hosts if h.leaf == "leaf1"] == ["h1", "h5"]
+    # same rail, different servers: one switch; different rails: via a spine, 2 ECMP paths
+    assert [len(path) for path in p.ecmp_paths("h1", "h5")] == [3]
+    assert len(p.ecmp_paths("h1", "h6")) == 2
+    assert {path[2][0] for path in p.ecmp_paths("h1", "h6")} == {"spine1", "spine2"}
+
+
+def test_top_of_rack_puts_a_whole_server_on_one_leaf():
+    p = build("topologies/tor-2x4.yaml")
+    for server in p.servers:
+        assert len({p.host(g).leaf for g in server.gpus}) == 1
+    assert p.host("h1").leaf != p.host("h5").leaf
+    # 4 uplinks, 2 per spine, each spine has 2 links to the far leaf: 4 x 2 = 8 paths
+    assert len(p.ecmp_paths("h1", "h5")) == 8
+
+
+def test_nvlink_is_separate_from_the_fabric():
+    p = build("default")
+    nv = [link for link in p.links if link.kind == "nvlink"]
+    assert len(nv) == 8 and {link.b for link in nv} == {"nvl1", "nvl2"}
+    assert all(link not in p.fabric_links for link in nv)
+    assert all(not r.switch.startswith("nvl") for r in p.routes)
+    assert p.host("h1").nvlink_ip == "10.128.1.1/24" and p.host("h8").nvlink_ip == "10.128.2.4/24"
+    assert build("leaf-spine").host("h1").nvlink_ip is None  # single-GPU servers have no NVLink
+
+
+def test_oversubscription_and_bisection():
+    assert set(build("leaf-spine").oversubscription().values()) == {1.0}
+    oversub = build("topologies/leaf-spine-oversub.yaml")
+    assert set(oversub.oversubscription().values()) == {4.0}
+    assert oversub.bisection_bps() == 2 * 400e9  # only 2 uplinks leave each leaf
+    assert build("leaf-spine").bisection_bps() == 4 * 400e9
+    # rail: half the servers to the other half; same-rail pairs never touch a spine
+    assert build("default").bisection_bps() == 4 * 400e9
+    assert build("default", "fabric.spines=1", "fabric.uplinks.count=1").bisection_bps() == 4 * 400e9
+
+
+def test_routes_and_ecmp_groups():
+    p = build("leaf-spine")
+    leaf1 = {r.prefix: r.ports for r in p.routes_for("leaf1")}
+    assert leaf1["10.0.1.1/32"] == (1,)
+    assert leaf1["10.0.2.0/24"] == (5, 6, 7, 8)  # all four uplinks
+    spine1 = {r.prefix: r.ports for r in p.routes_for("spine1")}
+    assert spine1 == {"10.0.1.0/24": (1, 2), "10.0.2.0/24": (3, 4)}
+
+
+def test_uplinks_spread_round_robin_over_spines():
+    p = build("leaf-spine")
+    ups = [(link.a_intf, link.b_intf) for link in p.links if link.kind == "uplink" and link.a == "leaf1"]
+    assert ups == [("leaf1-eth5", "spine1-eth1"), ("leaf1-eth6", "spine2-eth1"),
+                   ("leaf1-eth7", "spine1-eth2"), ("leaf1-eth8", "spine2-eth2")]
+
+
+def test_interface_names_fit_ifnamsiz():
+    p = build("rail-32")
+    for link in p.links:
+        assert len(link.a_intf) <= 15 and len(link.b_intf) <= 15
+
+
+def test_dilation_auto_and_explicit():
+    assert build("default").dilation.factor == 100000
+    assert plan.build(scenario.load("default"), "kernel").dilation.factor < 100000
+    assert build("default", "dilation=40000").dilation == Dilation(40000)
+
+
+def test_single_leaf_without_spines():
+    p = build("topologies/leaf-spine.yaml", "fabric.spines=0", "fabric.leaves=1", "fabric.uplinks={count: 0}")
+    assert [s.name for s in p.switches] == ["leaf1"]
+    assert p.oversubscription() == {"leaf1": None}
+    assert len(p.ecmp_paths("h1", "h4")) == 1
+
+
+def test_show_renders_real_and_emulated_units():
+    from testbed import show
+
+    text = show.render(build("default"))
+    assert "400G /     4Mbit/s" in text
+    assert "ECMP paths h1 -> h8: 2" in text
+    assert "bisection bandwidth: 1.6Tbit/s real" in text

@@ -1,0 +1,46 @@
+"""The controller's decisions, without a switch."""
+
+from testbed import plan, routing, scenario
+
+
+def program(name, ref="leaf-spine"):
+    p = plan.build(scenario.load(ref), "user")
+    return routing.switch_program([{"prefix": r.prefix, "ports": list(r.ports)} for r in p.routes_for(name)])
+
+
+def test_leaf_program():
+    msgs = program("leaf1")
+    assert msgs[0] == routing.ClearSwitch() and msgs[-1] == routing.Barrier()
+    assert [m for m in msgs if isinstance(m, routing.GroupAdd)] == [routing.GroupAdd(1, (5, 6, 7, 8))]
+    flows = [m for m in msgs if isinstance(m, routing.FlowAdd)]
+    assert flows[0] == routing.FlowAdd(1000, (("eth_type", 0x8808),), ())  # pause frames never forwarded
+    assert routing.FlowAdd(132, (("eth_type", 0x0800), ("ipv4_dst", ("10.0.1.3", "255.255.255.255"))),
+                           (("dec_nw_ttl",), ("output", 3))) in flows
+    assert routing.FlowAdd(124, (("eth_type", 0x0800), ("ipv4_dst", ("10.0.2.0", "255.255.255.0"))),
+                           (("dec_nw_ttl",), ("group", 1))) in flows
+    # longest prefixes first, one flow per route plus the pause drop
+    assert len(flows) == 1 + 4 + 1
+
+
+def test_spine_groups_deduplicated_per_port_set():
+    msgs = program("spine1")
+    assert [m for m in msgs if isinstance(m, routing.GroupAdd)] == [routing.GroupAdd(1, (1, 2)),
+                                                                    routing.GroupAdd(2, (3, 4))]
+
+
+def test_fabric_ready_only_after_every_barrier():
+    p = plan.build(scenario.load("default"), "user").to_dict()
+    ctl = routing.FabricController(p)
+    dpids = sorted(ctl.switches)
+    assert ctl.switch_connected(999, now=0.0) == []  # not in the plan: left alone
+    for d in dpids:
+        assert ctl.switch_connected(d, now=1.0)
+    for d in dpids[:-1]:
+        (ready,) = ctl.barrier_reply(d, now=1.5)
+        assert ready.seconds == 0.5 and ready.flows > 0
+    assert not ctl.all_ready
+    ctl.barrier_reply(dpids[-1], now=2.0)
+    assert ctl.all_ready
+    ctl.switch_disconnected(dpids[0], now=3.0)
+    assert not ctl.all_ready
+    assert ctl.barrier_reply(dpids[0], now=3.1) == []  # a stray barrier does not make it ready
