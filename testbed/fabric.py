@@ -27,6 +27,7 @@ from .plan import Plan
 
 LOG = logging.getLogger(__name__)
 CMD_TIMEOUT_S = 30
+SHELL_EXIT_TIMEOUT_S = 10
 
 
 class ExternalController(RemoteController):
@@ -34,6 +35,10 @@ class ExternalController(RemoteController):
 
     def checkListening(self):  # noqa: N802 - Mininet's name
         return None
+
+    def stop(self, *args, **kwargs):
+        """Mininet's RemoteController.stop does nothing, leaving this node's shell running."""
+        self.terminate()
 
 
 class NVLinkBridge(Switch):
@@ -112,7 +117,9 @@ class MininetFabric:
     def __exit__(self, *exc):
         if self.net is not None:
             net, self.net = self.net, None
+            pids = [n.pid for n in net.hosts + net.controllers if n.pid]
             net.stop()
+            registry.wait_gone(pids, SHELL_EXIT_TIMEOUT_S)  # Mininet signals its shells but does not wait
         return False
 
     def _check_free(self):

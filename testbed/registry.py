@@ -31,7 +31,10 @@ def proc_start_time(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited, waiting to be reaped: gone for our purposes
+        return None
+    return int(fields[19])
 
 
 def process_alive(pid: int, start_time: int | None) -> bool:
