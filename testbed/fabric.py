@@ -60,12 +60,22 @@ def _ip(args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=CMD_TIMEOUT_S, check=check)
 
 
+def _disable_ipv6(interfaces):
+    """Switch ports are not hosts: stop the kernel sending router solicitations and MLD reports
+    from them, which would otherwise show up in the fabric's port counters."""
+    for name in interfaces:
+        path = Path("/proc/sys/net/ipv6/conf") / name / "disable_ipv6"
+        if path.exists():
+            path.write_text("1\n")
+
+
 def build_topo(plan: Plan, datapath: str) -> Topo:
     """The plan as a Mininet Topo (pure data: no root needed to build or inspect it)."""
     topo = Topo()
     ovs_dp = "user" if datapath == "user" else "kernel"
     for s in plan.switches:
-        topo.addSwitch(s.name, dpid=s.dpid_hex, datapath=ovs_dp, failMode="secure", protocols="OpenFlow13")
+        topo.addSwitch(s.name, dpid=s.dpid_hex, datapath=ovs_dp, failMode="secure",
+                      protocols="OpenFlow13,OpenFlow15")
     for server in plan.servers:
         if server.nvlink_bridge:
             topo.addSwitch(server.nvlink_bridge, cls=NVLinkBridge, dpid=f"{0xff00 + server.index:016x}")
@@ -105,6 +115,7 @@ class MininetFabric:
             self.net.addController(ExternalController("c0", ip="127.0.0.1", port=self.controller_port))
             self.net.build()
             self.record.add(processes=[n.pid for n in self.net.hosts + self.net.controllers])
+            _disable_ipv6(root_interfaces(self.plan))
             self.net.start()
             registry.tag_bridges(self.run_id, bridges)
             registry.tag_interfaces(self.run_id, root_interfaces(self.plan))

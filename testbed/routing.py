@@ -9,8 +9,9 @@ Program installed on every switch (OpenFlow 1.3, table 0):
 - priority 1000: EtherType 0x8808 (MAC control / PFC) is dropped: pause frames are
   link-local and must never be forwarded by a bridge;
 - priority 100 + prefix length: IPv4 to a prefix -> decrement TTL, then output to
-  the one port, or to a select group over the ECMP ports (OVS hashes the 5-tuple,
-  so flows differing only in UDP source port spread over the uplinks);
+  the one port, or to a select group over the ECMP ports that hashes the 5-tuple
+  (``HASH_FIELDS``), so flows differing only in UDP source port spread over the
+  uplinks (OVS's default group hash leaves UDP ports out: see ``ofwire``);
 - no table-miss entry: anything else (ARP, IPv6) is dropped; hosts use static
   neighbour entries, so nothing needs flooding and no packet reaches the controller.
 """
@@ -24,6 +25,7 @@ ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_MAC_CONTROL = 0x8808
 PRIORITY_DROP_PAUSE = 1000
 PRIORITY_ROUTE_BASE = 100
+HASH_FIELDS = ("ipv4_src", "ipv4_dst", "ip_proto", "tcp_src", "tcp_dst", "udp_src", "udp_dst")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class ClearSwitch:
 class GroupAdd:
     group_id: int
     ports: tuple  # select group, one bucket per port, equal weights
+    hash_fields: tuple = HASH_FIELDS  # what the bucket choice hashes on
 
 
 @dataclass(frozen=True)

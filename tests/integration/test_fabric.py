@@ -33,39 +33,45 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     assert not (registry.REGISTRY_DIR / f"{m['run_id']}.json").exists()
 
 
-def _spine_rx_packets(switch: str) -> int:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", switch], capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    return sum(int(n) for n in re.findall(r"rx pkts=(\d+)", out))
+def _bucket_packets(switch: str, group_id: int) -> list[int]:
+    """Per-bucket packet counters of a select group, from the switch."""
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-group-stats", switch, f"group_id={group_id}"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return [int(n) for n in re.findall(r"bucket\d+:packet_count=(\d+)", out)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap: OVS's default select-group hash (dp_hash, symmetric L3/L4) hashes TCP/SCTP ports but not "
-    "UDP ports, so flows differing only in UDP source port share one uplink. Needs selection_method=hash "
-    "with udp_src in the fields (Netronome group property, OpenFlow 1.5 group_mod); strict: passes -> fails"))
 def test_ecmp_udp_source_ports_use_both_spines(tmp_path, clean_slate):
+    """24 flows differing only in UDP source port, leaf1 -> leaf2: the leaf's select group
+    (the only IPv4 path to leaf2's prefix) spreads them over uplinks to both spines."""
     seen = {}
 
     def hook(fab, plan):
         src, dst = plan.host("h1"), plan.host("h5")
         assert src.leaf != dst.leaf
-        before = {s: _spine_rx_packets(s) for s in ("spine1", "spine2")}
+        (route,) = [r for r in plan.routes_for(src.leaf) if r.prefix == "10.0.2.0/24"]
+        spine_of = {lk.a_port: lk.b for lk in plan.links if lk.kind == "uplink" and lk.a == src.leaf}
+        before = _bucket_packets(src.leaf, 1)
+        assert len(before) == len(route.ports) == 4
         proc = fab.host("h1").popen([sys.executable, str(HERE / "udp_flows.py"), dst.addr, "--flows", "24",
                                      "--packets", "20"])
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
 
         def delivered():
-            after = {s: _spine_rx_packets(s) - before[s] for s in before}
-            return after if sum(after.values()) >= 24 * 20 else None
+            after = [a - b for a, b in zip(_bucket_packets(src.leaf, 1), before)]
+            return after if sum(after) >= 24 * 20 else None
 
-        seen.update(wait_for(delivered, 20, "480 UDP packets to cross the spines"))
+        per_bucket = wait_for(delivered, 20, "480 UDP packets to pass leaf1's ECMP group")
+        for port, n in zip(route.ports, per_bucket):
+            seen[spine_of[port]] = seen.get(spine_of[port], 0) + n
+        seen["buckets"] = per_bucket
 
     result = run.run(scenario.load("leaf-spine"), run.RunOptions(results_dir=tmp_path, hook=hook))
     assert result.status == "ok"
-    assert sum(seen.values()) == 24 * 20
-    # Each flow sticks to one path: every spine carries whole flows (multiples of 20 packets)
-    assert all(v % 20 == 0 for v in seen.values()), seen
+    buckets = seen.pop("buckets")
+    assert sum(buckets) == 24 * 20
+    # each flow sticks to one uplink: every bucket carries whole flows (multiples of 20 packets)
+    assert all(n % 20 == 0 for n in buckets), buckets
     assert seen["spine1"] > 0 and seen["spine2"] > 0, seen
 
 
@@ -144,7 +150,7 @@ def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
     with Controller(plan_path, tmp_path, port) as ctl:
         ctl.wait_listening(30)
         subprocess.run(["ovs-vsctl", "add-br", bridge, "--", "set", "bridge", bridge, "datapath_type=netdev",
-                        "protocols=OpenFlow13", "other_config:datapath-id=0000000000000bad", "fail_mode=secure",
+                        "protocols=OpenFlow13,OpenFlow15", "other_config:datapath-id=0000000000000bad", "fail_mode=secure",
                         "--", "set-controller", bridge, f"tcp:127.0.0.1:{port}"], check=True, timeout=30)
         try:
             wait_for(lambda: ctl.proc.poll() is not None, 30, "the controller to exit on the handler exception")
