@@ -1,0 +1,95 @@
+"""Bring-up and teardown time of the testbed's fabric vs a plain Mininet bring-up of the
+same graph, measured side by side in one run (a benchmark, not a test).
+
+    .venv/bin/python bench/bringup.py [--repeat 3] [SCENARIO ...]   (as root)
+
+For each scenario (default: the 8-GPU default and the 32-GPU rail-32):
+- testbed: MininetFabric up (hosts, OVS bridges, links, tags, host configuration) until
+  the controller confirmed every switch's flows, then teardown;
+- plain Mininet: the same Topo (same switches, ports, hosts) with OVSSwitch, no
+  controller, no host configuration: Mininet's own start() and stop().
+Prints medians and the ratio testbed / plain Mininet. The whole testbed run (with the
+all-pairs reachability check) is timed separately in each run's manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mininet.log import setLogLevel  # noqa: E402
+from mininet.net import Mininet  # noqa: E402
+from mininet.node import OVSSwitch  # noqa: E402
+
+from testbed import capabilities, plan as planning, registry, scenario  # noqa: E402
+from testbed.fabric import MininetFabric, build_topo  # noqa: E402
+from testbed.process import Controller, free_tcp_port  # noqa: E402
+
+
+def time_testbed(p, datapath, work: Path) -> tuple[float, float]:
+    plan_path = work / "plan.json"
+    plan_path.write_text(__import__("json").dumps(p.to_dict()))
+    port = free_tcp_port()
+    with registry.RunRecord(f"bench-{time.time_ns()}", str(work)) as record, \
+            Controller(plan_path, work, port) as ctl:
+        ctl.wait_listening(30)
+        t0 = time.monotonic()
+        fab = MininetFabric(p, record.data["run_id"], datapath, port, record, work)
+        fab.__enter__()
+        try:
+            ctl.wait_fabric_ready(len(p.switches), 60)
+            up = time.monotonic() - t0
+        finally:
+            t1 = time.monotonic()
+            fab.__exit__(None, None, None)
+            down = time.monotonic() - t1
+    (work / "controller-events.jsonl").unlink()
+    return up, down
+
+
+def time_plain_mininet(p, datapath) -> tuple[float, float]:
+    setLogLevel("error")
+    t0 = time.monotonic()
+    net = Mininet(topo=build_topo(p, datapath), switch=OVSSwitch, controller=None, waitConnected=False)
+    try:
+        net.start()
+        up = time.monotonic() - t0
+    finally:
+        t1 = time.monotonic()
+        net.stop()
+        down = time.monotonic() - t1
+    return up, down
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenarios", nargs="*", default=["default", "rail-32"])
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    if not capabilities.is_root():
+        sys.exit("bench/bringup.py needs root")
+    datapath = capabilities.choose_datapath("auto")
+    print(f"datapath {datapath}; medians of {args.repeat} runs, testbed and plain Mininet alternated")
+    print(f"{'scenario':10} {'GPUs':>4} {'switches':>8}  {'testbed up':>10} {'mininet up':>10} {'ratio':>6}"
+          f"  {'testbed down':>12} {'mininet down':>12} {'ratio':>6}")
+    for ref in args.scenarios:
+        p = planning.build(scenario.load(ref), datapath)
+        tb, mn = [], []
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(args.repeat):
+                tb.append(time_testbed(p, datapath, Path(tmp)))
+                mn.append(time_plain_mininet(p, datapath))
+        tb_up, tb_down = (statistics.median(x) for x in zip(*tb))
+        mn_up, mn_down = (statistics.median(x) for x in zip(*mn))
+        print(f"{ref:10} {len(p.hosts):>4} {len(p.switches):>8}  {tb_up:>9.2f}s {mn_up:>9.2f}s {tb_up / mn_up:>6.2f}"
+              f"  {tb_down:>11.2f}s {mn_down:>11.2f}s {tb_down / mn_down:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
