@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 from mininet.link import Link as MnLink
-from mininet.log import setLogLevel
+from mininet.log import lg as mininet_log, setLogLevel
 from mininet.net import Mininet
 from mininet.node import OVSSwitch, RemoteController, Switch
 from mininet.topo import Topo
@@ -27,6 +27,7 @@ from .plan import Plan
 
 LOG = logging.getLogger(__name__)
 CMD_TIMEOUT_S = 30
+mininet_log.propagate = False  # Mininet prints through its own handler; don't print twice
 SHELL_EXIT_TIMEOUT_S = 10
 
 
@@ -174,4 +175,8 @@ class MininetFabric:
     def cli(self):
         from mininet.cli import CLI
 
-        CLI(self.net)
+        setLogLevel("output")  # the CLI prints command output through Mininet's log
+        try:
+            CLI(self.net)
+        finally:
+            setLogLevel("error")

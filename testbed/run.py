@@ -200,8 +200,8 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             if options.hook:
                 options.hook(fab, plan)
             if options.cli:
-                LOG.info("Mininet CLI: try 'h1 ping h8', 'sh ovs-ofctl -O OpenFlow13 dump-flows leaf1'; "
-                         "exit to tear down")
+                LOG.info("Mininet CLI: try 'h1 ping h8', 'sh ovs-ofctl -O OpenFlow13 dump-flows leaf1', "
+                         "'sh ovs-ofctl -O OpenFlow15 dump-groups leaf1'; exit to tear down")
                 fab.cli()
             if options.hold_s > 0:
                 LOG.info("holding the fabric up for %gs (Ctrl-C tears it down)", options.hold_s)

@@ -158,3 +158,16 @@ def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
                 ctl.check_alive()
         finally:
             subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], check=True, timeout=30)
+
+
+def test_cli_after_bring_up(tmp_path, clean_slate):
+    """--cli opens the Mininet CLI on the live fabric; its end tears the fabric down."""
+    commands = "sh ovs-ofctl -O OpenFlow15 dump-groups leaf1\nh1 ping -c1 -W5 h5\n"
+    res = subprocess.run([sys.executable, "-m", "testbed", "run", "leaf-spine", "--cli", "--results",
+                          str(tmp_path)], input=commands, capture_output=True, text=True, timeout=120,
+                         cwd=Path(run.ROOT))
+    assert res.returncode == 0, res.stderr
+    assert "selection_method=hash,fields(ip_src,ip_dst,nw_proto,tcp_src,tcp_dst,udp_src,udp_dst)" in res.stdout
+    assert "1 packets transmitted, 1 received" in res.stdout + res.stderr  # Mininet logs to stderr
+    (run_dir,) = tmp_path.iterdir()
+    assert manifest(run_dir)["status"] == "ok"
