@@ -86,3 +86,13 @@ def test_names_reaching_paths_are_validated():
     assert "not found" in err.value.problems[0]
     with pytest.raises(ConfigError):
         scenario.load("default", ["name=a" * 20])
+
+
+def test_run_with_bad_input_creates_nothing(in_repo, tmp_path):
+    """run validates before it touches the machine: exit 2, no traceback, no results folder."""
+    res = subprocess.run([sys.executable, "-m", "testbed", "run", "default", "--set", "fabric.spines=-1",
+                          "--results", str(tmp_path / "results")], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert res.returncode == 2
+    assert res.stderr == ("error: --set fabric.spines=-1: expected an integer between 0 and 64, got -1\n")
+    assert not (tmp_path / "results").exists()
