@@ -1,6 +1,7 @@
 """The fabric comes up for real: Mininet, OVS, the os-ken controller, GPU namespaces."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,8 +21,24 @@ def manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+def _live_record() -> dict:
+    """The registry record of the run in progress (called from a run hook)."""
+    (path,) = [p for p in registry.REGISTRY_DIR.glob("*.json")
+               if json.loads(p.read_text())["pid"] == os.getpid()]
+    return json.loads(path.read_text())
+
+
+def _all_gone(record: dict):
+    for p in record["processes"]:
+        assert not registry.process_alive(p["pid"], p["start_time"]), p
+
+
 def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
-    result = run.run(scenario.load("default"), run.RunOptions(results_dir=tmp_path))
+    seen = {}
+    result = run.run(scenario.load("default"), run.RunOptions(
+        results_dir=tmp_path, hook=lambda fab, plan: seen.update(_live_record())))
+    assert len(seen["processes"]) == 8 + 1 + 1  # GPU host shells, Mininet's controller node, our controller
+    _all_gone(seen)
     m = manifest(result.run_dir)
     assert m["status"] == "ok", m["reason"]
     assert m["reachability"] == {"pairs": 56, "failures": []}  # 8 GPUs, every ordered pair
@@ -76,7 +93,10 @@ def test_ecmp_udp_source_ports_use_both_spines(tmp_path, clean_slate):
 
 
 def test_exception_tears_everything_down(tmp_path, clean_slate):
+    seen = {}
+
     def hook(fab, plan):
+        seen.update(_live_record())
         raise RuntimeError("boom in the middle of a run")
 
     with pytest.raises(RuntimeError, match="boom"):
@@ -85,6 +105,7 @@ def test_exception_tears_everything_down(tmp_path, clean_slate):
     m = manifest(run_dir)
     assert m["status"] == "failed" and "boom" in m["reason"]
     assert not list(registry.REGISTRY_DIR.glob(f"{m['run_id']}.json"))
+    _all_gone(seen)
 
 
 def _start_held_run(tmp_path) -> tuple[subprocess.Popen, Path, dict]:
@@ -117,8 +138,7 @@ def test_signal_tears_everything_down(tmp_path, clean_slate, sig, code):
     assert "Traceback" not in err
     m = manifest(run_dir)
     assert m["status"] == "interrupted" and sig in m["reason"]
-    for p in record["processes"]:
-        assert not registry.process_alive(p["pid"], p["start_time"]), p
+    _all_gone(record)
 
 
 def test_clean_after_sigkill(tmp_path, clean_slate):
