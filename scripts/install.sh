@@ -11,7 +11,8 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TESTBED_VENV:-$repo/.venv}
-packages=(mininet openvswitch-switch python3-venv python3-pip iproute2 ethtool iputils-ping tcpdump)
+packages=(mininet openvswitch-switch python3-venv python3-pip iproute2 ethtool iputils-ping tcpdump
+          clang llvm libbpf-dev bpftool)
 
 say() { printf '[install] %s\n' "$*"; }
 
@@ -28,6 +29,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     say "apt-get install ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >/dev/null
+    # Ubuntu ships bpftool in linux-tools-<kernel> rather than a bpftool package
+    if [[ " ${missing[*]} " == *" bpftool "* ]] && ! apt-cache show bpftool >/dev/null 2>&1; then
+        missing=("${missing[@]/bpftool/linux-tools-common}" "linux-tools-$(uname -r)")
+    fi
     apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
@@ -58,6 +63,16 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     fi
     rm -f "$log"
     echo "$want" > "$stamp"
+fi
+
+# the ECN/WRED marker: rebuilt when its source is newer than the object
+obj="$repo/build/marker.o"
+if [ ! -f "$obj" ] || [ "$repo/bpf/marker.c" -nt "$obj" ]; then
+    say "clang -target bpf bpf/marker.c -> build/marker.o"
+    mkdir -p "$repo/build"
+    clang -O2 -g -Wall -target bpf -I"/usr/include/$(uname -m)-linux-gnu" \
+        -c "$repo/bpf/marker.c" -o "$obj.tmp"
+    mv "$obj.tmp" "$obj"
 fi
 
 if [ "${TESTBED_LINK_PYTHON:-0}" = 1 ]; then

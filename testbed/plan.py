@@ -19,7 +19,7 @@ import ipaddress
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from . import units
+from . import queues, units
 from .scenario import Fabric, Scenario
 
 FABRIC_NET = ipaddress.ip_network("10.0.0.0/16")
@@ -195,6 +195,7 @@ class Plan:
             "servers": [asdict(s) for s in self.servers],
             "links": [asdict(link) | {"a_intf": link.a_intf, "b_intf": link.b_intf} for link in self.links],
             "routes": [asdict(r) for r in self.routes],
+            "queues": [pq.to_dict() for pq in queues.plan_queues(self)],
         }
 
 

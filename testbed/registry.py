@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -168,7 +169,14 @@ def clean(dry_run: bool = False) -> list[str]:
             actions.append(f"delete interface {name} (run {rid or listed_if[name]})")
             if not dry_run:
                 _run(["ip", "link", "del", "dev", name], check=False)
-    # 4. the registry files themselves
+    # 4. pinned BPF programs and maps of runs that are not live
+    pin_root = Path("/sys/fs/bpf/testbed")
+    for pins in sorted(pin_root.iterdir()) if pin_root.is_dir() else []:
+        if pins.name not in live:
+            actions.append(f"unpin BPF objects {pins}")
+            if not dry_run:
+                shutil.rmtree(pins, ignore_errors=True)
+    # 5. the registry files themselves
     for path, data in records:
         actions.append(f"forget run {data['run_id']} (results kept in {data.get('results_dir')})")
         if not dry_run:

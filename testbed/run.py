@@ -157,7 +157,9 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
         "started_utc": datetime.now(timezone.utc).isoformat(), "ended_utc": None,
         "datapath": datapath, "dilation": plan.dilation.factor, "dilation_reason": plan.dilation_reason,
         "seed": scenario.seed, "link_delay_emulated": False,
-        "link_delay_note": "link delay arrives with the switch-queue stage; cable delays are in plan.json",
+        "link_delay_note": "cable delay is not emulated yet (netem is applied in a later version); "
+                           "planned delays are in plan.json",
+        "queues": None,
         "versions": versions(), "timings_s": {}, "reachability": None,
     }
     (run_dir / "scenario.yaml").write_text(yaml.safe_dump(scenario.resolved, sort_keys=False))
@@ -182,9 +184,14 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             from .fabric import MininetFabric  # Mininet is imported only when a fabric is built
 
             fab = stack.enter_context(MininetFabric(plan, run_id, datapath, port, record, work))
+            from .egress import EgressQueues  # pyroute2 and the BPF marker, only for a run
+
+            egress = stack.enter_context(EgressQueues(plan, run_id))
             # runs first when the stack unwinds: marks the start of teardown
             stack.callback(lambda: timings.__setitem__("teardown_started", time.monotonic()))
             timings["fabric_up"] = round(time.monotonic() - t0, 3)
+            manifest["queues"] = {"ports": len(egress.ports), "shaper": "tbf", "marker": "bpf clsact egress",
+                                  "pins": str(egress.marker.dir)}
             ready = ctl.wait_fabric_ready(len(plan.switches), FABRIC_READY_TIMEOUT_S)
             timings["flows_installed"] = round(time.monotonic() - t0, 3)
             LOG.info("fabric up in %.1fs; controller programmed %d switches (%d flows, %d groups)",

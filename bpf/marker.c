@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * ECN/WRED marker with a shadow queue, for the clsact egress hook of a switch port.
+ *
+ * The real queue of a port is a TBF (token bucket at the emulated port rate, byte
+ * FIFO behind it). tc egress runs before the qdisc, so this program keeps a model of
+ * that queue per ifindex: bytes drain at the port rate using the kernel clock, and the
+ * token bucket (burst) is modelled so that the shadow depth follows the real backlog.
+ * On each packet, with the depth it finds:
+ *   depth + len > buffer           -> drop (counted): the buffer is full
+ *   ECT and depth >= kmax          -> mark CE
+ *   ECT and kmin < depth < kmax    -> mark CE with probability pmax * (depth-kmin)/(kmax-kmin)
+ * kmin == kmax is DCTCP step marking; ECN off is kmin = kmax = 2^64-1.
+ *
+ * Two maps, keyed by ifindex, so one loaded program serves every port of a run (the run
+ * pins program and maps under its own bpffs folder) and neither side ever overwrites
+ * what the other counts:
+ *   testbed_cfg   settings, written by user space only (ports without one pass untouched)
+ *   testbed_state shadow queue and counters, written by this program only
+ * "Max depth since the last read": user space bumps cfg.epoch, then reads; the first
+ * packet of a new epoch moves the finished epoch's maximum to prev_max_depth_bytes.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <stddef.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#define ECN_MASK 0x3
+#define ECN_CE 0x3
+#define MAX_ELAPSED_NS 10000000000ULL
+
+struct cfg {
+	__u64 rate_bps;      /* emulated port rate (bits per second) */
+	__u64 burst_bytes;   /* TBF bucket size */
+	__u64 buffer_bytes;  /* drop when depth + len would exceed this */
+	__u64 kmin_bytes;    /* marking starts above this depth */
+	__u64 kmax_bytes;    /* every ECT packet is marked at or above this depth */
+	__u64 pmax;          /* marking probability at kmax, scaled to 2^32 */
+	__u64 epoch;         /* bumped by user space at each read of max depth */
+};
+
+struct state {
+	__u64 depth_bytes;   /* shadow backlog */
+	__u64 tokens_bytes;
+	__u64 last_ns;
+	__u64 packets;
+	__u64 bytes;
+	__u64 ect;
+	__u64 marked;
+	__u64 drops;
+	__u64 max_depth_bytes;      /* in epoch 'epoch' */
+	__u64 epoch;
+	__u64 prev_max_depth_bytes; /* in epoch 'epoch' - 1 */
+	struct bpf_spin_lock lock;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct cfg);
+} testbed_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct state);
+} testbed_state SEC(".maps");
+
+static __always_inline void drain(struct state *s, const struct cfg *c, __u64 now)
+{
+	__u64 elapsed, credit;
+
+	if (now <= s->last_ns)
+		return;
+	elapsed = now - s->last_ns;
+	s->last_ns = now;
+	if (elapsed > MAX_ELAPSED_NS)
+		elapsed = MAX_ELAPSED_NS;
+	/* bytes sent in 'elapsed' ns: fits in 64 bits for rates below ~14 Tbit/s */
+	credit = elapsed * (c->rate_bps / 8) / 1000000000ULL;
+	if (credit >= s->depth_bytes) {
+		credit -= s->depth_bytes;
+		s->depth_bytes = 0;
+		s->tokens_bytes += credit;
+		if (s->tokens_bytes > c->burst_bytes)
+			s->tokens_bytes = c->burst_bytes;
+	} else {
+		s->depth_bytes -= credit;
+	}
+}
+
+SEC("tc")
+int marker(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct cfg *c = bpf_map_lookup_elem(&testbed_cfg, &ifindex);
+	struct state *s, zero = {};
+	void *data, *data_end;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	__u64 len = skb->len, depth, span, now, epoch, rate, burst, buffer, kmin, kmax, pmax;
+	__u32 draw;
+	int is_ect = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop */
+
+	if (!c)
+		return TC_ACT_OK;
+	s = bpf_map_lookup_elem(&testbed_state, &ifindex);
+	if (!s) {
+		bpf_map_update_elem(&testbed_state, &ifindex, &zero, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&testbed_state, &ifindex);
+		if (!s)
+			return TC_ACT_OK;
+	}
+	/* settings are read once, outside the lock (user space may rewrite them) */
+	rate = c->rate_bps;
+	burst = c->burst_bytes;
+	buffer = c->buffer_bytes;
+	kmin = c->kmin_bytes;
+	kmax = c->kmax_bytes;
+	pmax = c->pmax;
+	epoch = c->epoch;
+
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) <= data_end && eth->h_proto == bpf_htons(ETH_P_IP)) {
+		ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) <= data_end && (ip->tos & ECN_MASK))
+			is_ect = 1;
+	}
+	draw = bpf_get_prandom_u32();
+	now = bpf_ktime_get_ns(); /* no helper calls while holding the lock */
+
+	bpf_spin_lock(&s->lock);
+	{
+		struct cfg snap = {.rate_bps = rate, .burst_bytes = burst};
+
+		if (s->last_ns == 0) {
+			s->last_ns = now;
+			s->tokens_bytes = burst;
+		}
+		drain(s, &snap, now);
+	}
+	if (s->epoch != epoch) {
+		s->prev_max_depth_bytes = s->max_depth_bytes;
+		s->max_depth_bytes = s->depth_bytes;
+		s->epoch = epoch;
+	}
+	depth = s->depth_bytes;
+	s->packets++;
+	s->bytes += len;
+	if (is_ect)
+		s->ect++;
+	if (depth + len > buffer) {
+		verdict = 2;
+		s->drops++;
+	} else {
+		if (is_ect && depth >= kmax) {
+			verdict = 1;
+		} else if (is_ect && depth > kmin) {
+			span = kmax - kmin;
+			/* draw < pmax * (depth - kmin) / span; both products stay below 2^64
+			 * because pmax <= 2^32 and depth - kmin < span < 2^32 */
+			if ((__u64)draw * span < pmax * (depth - kmin))
+				verdict = 1;
+		}
+		if (verdict == 1)
+			s->marked++;
+		/* enqueue: straight through on tokens, else it waits in the FIFO */
+		if (s->depth_bytes == 0 && s->tokens_bytes >= len)
+			s->tokens_bytes -= len;
+		else
+			s->depth_bytes += len;
+		if (s->depth_bytes > s->max_depth_bytes)
+			s->max_depth_bytes = s->depth_bytes;
+	}
+	bpf_spin_unlock(&s->lock);
+
+	if (verdict == 2)
+		return TC_ACT_SHOT;
+	if (verdict == 1) {
+		__u8 tos, ce;
+		__u16 old, new;
+
+		/* re-validate after the helper calls above; set CE and fix the IP checksum */
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > data_end)
+			return TC_ACT_OK;
+		tos = ip->tos;
+		if ((tos & ECN_MASK) == ECN_CE)
+			return TC_ACT_OK;
+		ce = tos | ECN_CE;
+		/* the 16-bit word holding version/ihl and tos */
+		old = bpf_htons(((__u16)(*(__u8 *)ip) << 8) | tos);
+		new = bpf_htons(((__u16)(*(__u8 *)ip) << 8) | ce);
+		bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old, new, 2);
+		bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tos), &ce, 1, 0);
+	}
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,60 @@
+"""Apply: every switch egress port gets its planned queue (TBF shaper + FIFO, and the
+ECN/WRED marker on clsact egress), and reads of the port counters.
+
+``EgressQueues`` is entered after the fabric is up; the qdiscs go away with the
+fabric's interfaces, the marker's pins when this context exits.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import queues
+from .marker import Marker
+from .tc import PortTc
+
+
+class EgressQueues:
+    def __init__(self, plan, run_id: str):
+        self.plan, self.run_id = plan, run_id
+        self.ports = queues.plan_queues(plan)
+        self.by_ifindex: dict[int, queues.PortQueue] = {}
+        self.marker: Marker | None = None
+        self.tc: PortTc | None = None
+
+    def __enter__(self):
+        self.marker = Marker(self.run_id).__enter__()
+        try:
+            self.tc = PortTc()
+            for pq in self.ports:
+                idx = self.tc.apply(pq.intf, pq.emulated_rate_bps, pq.burst_bytes, pq.fifo_limit_bytes,
+                                    self.marker.prog_fd)
+                self.marker.configure(idx, pq)
+                self.by_ifindex[idx] = pq
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.tc is not None:
+            self.tc.close()
+            self.tc = None
+        if self.marker is not None:
+            self.marker.__exit__(None, None, None)
+            self.marker = None
+        return False
+
+    def read(self) -> list[dict]:
+        """One row per port: marker counters (max depth since the previous read), the
+        TBF's own counters, and the time of the read."""
+        now_ns = time.monotonic_ns()
+        counters = self.marker.read(self.by_ifindex)
+        rows = []
+        for idx, pq in self.by_ifindex.items():
+            c = counters.get(idx) or {}
+            q = self.tc.qdisc_stats(pq.intf)
+            rows.append({"t_mono_ns": now_ns, "switch": pq.switch, "port": pq.port, "intf": pq.intf,
+                         "peer": pq.peer, **{f"marker_{k}": v for k, v in c.items()},
+                         **{f"tbf_{k}": v for k, v in q.items()}})
+        return rows

@@ -1,0 +1,109 @@
+"""The run's ECN/WRED marker: the compiled ``bpf/marker.c`` loaded once and pinned, with
+its maps, under the run's own bpffs folder ``/sys/fs/bpf/testbed/<run id>/``, and
+removed again at teardown (``clean`` removes the folders of dead runs).
+
+The object is built by the install step (``scripts/install.sh``) into ``build/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import bpfmap, queues
+from .errors import RunError
+from .scenario import ROOT
+
+LOG = logging.getLogger(__name__)
+BPFFS = Path("/sys/fs/bpf")
+PIN_ROOT = BPFFS / "testbed"
+OBJECT = ROOT / "build" / "marker.o"
+CMD_TIMEOUT_S = 30
+
+
+def ensure_bpffs():
+    """Mount bpffs at /sys/fs/bpf if nothing is mounted there (it stays mounted)."""
+    with open("/proc/mounts") as f:
+        if any(line.split()[1] == str(BPFFS) and line.split()[2] == "bpf" for line in f):
+            return
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], check=True, capture_output=True,
+                   timeout=CMD_TIMEOUT_S)
+
+
+class Marker:
+    """Context manager: load and pin the marker for one run; per-port configuration and reads."""
+
+    def __init__(self, run_id: str):
+        self.dir = PIN_ROOT / run_id
+        self.prog_fd = -1
+        self.cfg: bpfmap.Map | None = None
+        self.state: bpfmap.Map | None = None
+        self.epoch = 0
+
+    def __enter__(self):
+        if not OBJECT.exists():
+            raise RunError(f"{OBJECT} is missing: build it with scripts/install.sh (needs clang and libbpf-dev)")
+        ensure_bpffs()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            subprocess.run(["bpftool", "prog", "load", str(OBJECT), str(self.dir / "marker"), "type", "classifier",
+                            "pinmaps", str(self.dir)], check=True, capture_output=True, text=True,
+                           timeout=CMD_TIMEOUT_S)
+            self.prog_fd = bpfmap.obj_get(str(self.dir / "marker"))
+            self.cfg = bpfmap.Map(str(self.dir / "testbed_cfg"), queues.CFG_SIZE)
+            self.state = bpfmap.Map(str(self.dir / "testbed_state"), queues.STATE_SIZE)
+        except subprocess.CalledProcessError as exc:
+            self.__exit__(None, None, None)
+            raise RunError(f"loading {OBJECT} failed: {exc.stderr.strip()[-500:]}") from None
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for m in (self.cfg, self.state):
+            if m is not None:
+                m.close()
+        if self.prog_fd >= 0:
+            os.close(self.prog_fd)
+            self.prog_fd = -1
+        remove_pins(self.dir)
+        return False
+
+    def configure(self, ifindex: int, pq: queues.PortQueue):
+        """(Re)configure a port: its counters start from zero."""
+        self.state.delete(ifindex)
+        self.cfg.update(ifindex, queues.marker_cfg(pq, self.epoch))
+
+    def read(self, ports: dict[int, queues.PortQueue]) -> dict[int, dict]:
+        """Counters of every port; ``max_depth_bytes`` is the maximum since the previous read."""
+        return read_counters(self.cfg, self.state, ports, self)
+
+
+def read_counters(cfg: bpfmap.Map, state: bpfmap.Map, ports: dict, holder) -> dict[int, dict]:
+    """Bump the epoch on every port, then read: the first packet of the new epoch moves the
+    finished epoch's maximum aside, so no burst between two reads is lost."""
+    holder.epoch += 1
+    for ifindex, pq in ports.items():
+        cfg.update(ifindex, queues.marker_cfg(pq, holder.epoch))
+    out = {}
+    for ifindex in ports:
+        raw = state.lookup(ifindex, lock=True)
+        if raw is None:
+            out[ifindex] = None
+            continue
+        s = queues.marker_state(raw)
+        # if a packet already opened the new epoch, the finished epoch's max is prev_max
+        s["max_depth_bytes"] = (s["prev_max_depth_bytes"] if s["epoch"] == holder.epoch
+                                else max(s["max_depth_bytes"], s["depth_bytes"]))
+        out[ifindex] = s
+    return out
+
+
+def remove_pins(path: Path):
+    """Unpin a run's program and maps (the kernel frees them once nothing uses them)."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)

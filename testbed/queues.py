@@ -1,0 +1,128 @@
+"""Switch egress queues as pure data: what every switch port gets, in real and emulated
+units, and the marker's settings as the bytes the BPF map holds.
+
+Defaults, derived per port from its link rate R and cable (values the scenario leaves
+unset):
+- ECN (WRED on the instantaneous queue): DCQCN paper (Zhu et al., SIGCOMM 2015)
+  settings at 40 Gbit/s, Kmin 5 KB, Kmax 200 KB, Pmax 1 %, scaled linearly with R
+  (400G: 50 KB, 2 MB, 1 %).
+- PFC headroom (bytes that still arrive after XOFF is sent): both ends' MTU in flight
+  (2 x MTU) + the cable's round trip at line rate (2 x delay x R / 8) + the peer's
+  response time at line rate (``PFC_RESPONSE_NS`` x R / 8, 1 us assumed).
+- buffer per port: 2 x Kmax + headroom, so marking saturates well before the buffer
+  fills; XOFF = buffer - headroom; XON = XOFF - 2 x MTU.
+Emulation (section 4 of the design): a TBF at R / D with a burst of 3 MTU (late timers
+in VMs otherwise make the real queue drift from the shadow) and a FIFO limit of
+buffer + 2 MTU, a little above the marker's buffer, so drops happen in the marker,
+where they are counted, and not in the qdisc.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import asdict, dataclass
+
+from . import units
+
+MTU_BYTES = 1500  # the veths' MTU (RoCE's 4096-byte payload arrives with the GPU stage)
+PFC_RESPONSE_NS = 1000
+DCQCN_REF_RATE_BPS = 40e9
+DCQCN_KMIN_BYTES = 5_000
+DCQCN_KMAX_BYTES = 200_000
+DCQCN_PMAX = 0.01
+BURST_MTUS = 3
+FIFO_SLACK_MTUS = 2
+ECN_OFF = 2 ** 64 - 1
+PMAX_ONE = 2 ** 32
+
+# bpf/marker.c: struct cfg (7 x u64) and struct state (11 x u64 + spin lock, padded)
+CFG_FORMAT = "=7Q"
+CFG_SIZE = struct.calcsize(CFG_FORMAT)
+STATE_FORMAT = "=11Q8x"
+STATE_SIZE = struct.calcsize(STATE_FORMAT)
+STATE_FIELDS = ("depth_bytes", "tokens_bytes", "last_ns", "packets", "bytes", "ect", "marked", "drops",
+                "max_depth_bytes", "epoch", "prev_max_depth_bytes")
+
+
+@dataclass(frozen=True)
+class PortQueue:
+    """The egress queue of one switch port."""
+
+    switch: str
+    port: int
+    intf: str
+    peer: str  # the node this port sends to
+    rate_bps: int  # real
+    emulated_rate_bps: float
+    buffer_bytes: int
+    ecn: bool
+    kmin_bytes: int
+    kmax_bytes: int
+    pmax: float
+    pfc: bool
+    xoff_bytes: int
+    xon_bytes: int
+    headroom_bytes: int
+    headroom_formula_bytes: int
+    burst_bytes: int
+    fifo_limit_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def headroom_formula_bytes(rate_bps: float, delay_ns: float, mtu_bytes: int = MTU_BYTES) -> int:
+    """2 x MTU + 2 x cable delay x R + peer response time x R (bytes)."""
+    return int(round(2 * mtu_bytes + (2 * delay_ns + PFC_RESPONSE_NS) * rate_bps / 8e9))
+
+
+def port_queue(q, switch: str, port: int, peer: str, rate_bps: int, delay_ns: int,
+               dilation: units.Dilation, mtu_bytes: int = MTU_BYTES) -> PortQueue:
+    """Settings for one port from the scenario's ``Queues`` (None = derived)."""
+    scale = rate_bps / DCQCN_REF_RATE_BPS
+    ecn = q.ecn is not None
+    kmin = (q.ecn.kmin_bytes if ecn and q.ecn.kmin_bytes is not None else int(round(DCQCN_KMIN_BYTES * scale)))
+    kmax = (q.ecn.kmax_bytes if ecn and q.ecn.kmax_bytes is not None else int(round(DCQCN_KMAX_BYTES * scale)))
+    kmin = min(kmin, kmax)
+    pmax = q.ecn.pmax if ecn and q.ecn.pmax is not None else DCQCN_PMAX
+    formula = headroom_formula_bytes(rate_bps, delay_ns, mtu_bytes)
+    pfc = q.pfc is not None
+    headroom = q.pfc.headroom_bytes if pfc and q.pfc.headroom_bytes is not None else formula
+    buffer = q.buffer_bytes if q.buffer_bytes is not None else 2 * kmax + headroom
+    xoff = q.pfc.xoff_bytes if pfc and q.pfc.xoff_bytes is not None else max(0, buffer - headroom)
+    xon = q.pfc.xon_bytes if pfc and q.pfc.xon_bytes is not None else max(0, xoff - 2 * mtu_bytes)
+    return PortQueue(
+        switch=switch, port=port, intf=f"{switch}-eth{port}", peer=peer, rate_bps=rate_bps,
+        emulated_rate_bps=dilation.rate_bps(rate_bps), buffer_bytes=buffer, ecn=ecn,
+        kmin_bytes=kmin if ecn else 0, kmax_bytes=kmax if ecn else 0, pmax=pmax if ecn else 0.0,
+        pfc=pfc, xoff_bytes=xoff if pfc else 0, xon_bytes=xon if pfc else 0,
+        headroom_bytes=headroom if pfc else 0, headroom_formula_bytes=formula,
+        burst_bytes=BURST_MTUS * mtu_bytes, fifo_limit_bytes=buffer + FIFO_SLACK_MTUS * mtu_bytes)
+
+
+def plan_queues(plan) -> tuple:
+    """Every switch egress port of the fabric (NVLink bridges are not switches)."""
+    out = []
+    switches = {s.name for s in plan.switches}
+    for link in plan.fabric_links:
+        for node, port, peer in ((link.a, link.a_port, link.b), (link.b, link.b_port, link.a)):
+            if node in switches:
+                out.append(port_queue(plan.scenario.queues, node, port, peer, link.rate_bps, link.delay_ns,
+                                      plan.dilation))
+    return tuple(sorted(out, key=lambda pq: (pq.switch, pq.port)))
+
+
+def marker_cfg(pq: PortQueue, epoch: int = 0) -> bytes:
+    """``struct cfg`` of bpf/marker.c for a port."""
+    if pq.ecn:
+        kmin, kmax, pmax = pq.kmin_bytes, pq.kmax_bytes, int(round(pq.pmax * PMAX_ONE))
+    else:
+        kmin = kmax = ECN_OFF
+        pmax = 0
+    return struct.pack(CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes, pq.buffer_bytes, kmin, kmax, pmax,
+                       epoch)
+
+
+def marker_state(raw: bytes) -> dict:
+    """``struct state`` of bpf/marker.c as a dict."""
+    return dict(zip(STATE_FIELDS, struct.unpack(STATE_FORMAT, raw)))

@@ -1,0 +1,60 @@
+"""Per-port queue settings: defaults from link rate and cable, marker map layout."""
+
+import struct
+
+import pytest
+
+from testbed import plan, queues, scenario
+
+
+def ports(ref="default", *overrides):
+    return queues.plan_queues(plan.build(scenario.load(ref, list(overrides)), "user"))
+
+
+def test_every_switch_port_gets_a_queue():
+    p = plan.build(scenario.load("default"), "user")
+    got = {(pq.switch, pq.port) for pq in queues.plan_queues(p)}
+    want = set()
+    for link in p.fabric_links:
+        want.add((link.b, link.b_port))
+        if link.kind == "uplink":
+            want.add((link.a, link.a_port))
+    assert got == want and len(got) == 8 + 16  # 8 host-facing ports, 8 uplinks seen from both ends
+
+
+def test_defaults_follow_dcqcn_scaled_to_rate_and_the_headroom_formula():
+    (pq,) = [q for q in ports("topologies/leaf-spine.yaml") if q.intf == "spine1-eth1"]
+    # 400G = 10 x the DCQCN paper's 40G: Kmin 50 KB, Kmax 2 MB, Pmax 1 %
+    assert (pq.kmin_bytes, pq.kmax_bytes, pq.pmax) == (50_000, 2_000_000, 0.01)
+    # 100 m of cable = 500 ns; 2 x 1500 + (2 x 500 ns + 1 us) x 50 B/ns
+    assert pq.headroom_bytes == pq.headroom_formula_bytes == 3000 + 100_000
+    assert pq.buffer_bytes == 2 * 2_000_000 + 103_000
+    assert pq.xoff_bytes == pq.buffer_bytes - pq.headroom_bytes
+    assert pq.xon_bytes == pq.xoff_bytes - 3000
+    assert pq.fifo_limit_bytes == pq.buffer_bytes + 3000  # a little above the marker's buffer
+    assert pq.burst_bytes == 4500  # 3 MTU
+    assert pq.emulated_rate_bps == 400e9 / 50000
+
+
+def test_scenario_values_win_and_off_switches():
+    (pq,) = [q for q in ports("default", "queues.ecn.kmin=10KB", "queues.ecn.kmax=10KB", "queues.pfc=off")
+             if q.intf == "leaf1-eth1"]
+    assert (pq.kmin_bytes, pq.kmax_bytes, pq.pfc, pq.buffer_bytes) == (10_000, 10_000, False, 4_000_000)
+    (off,) = [q for q in ports("default", "queues.ecn=off") if q.intf == "leaf1-eth1"]
+    assert not off.ecn
+    assert struct.unpack(queues.CFG_FORMAT, queues.marker_cfg(off))[3:6] == (queues.ECN_OFF, queues.ECN_OFF, 0)
+
+
+def test_marker_cfg_layout_matches_bpf_struct():
+    (pq,) = [q for q in ports() if q.intf == "leaf1-eth1"]
+    raw = queues.marker_cfg(pq, epoch=7)
+    assert len(raw) == 56 == queues.CFG_SIZE
+    assert struct.unpack("=7Q", raw) == (8_000_000, 4500, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 7)
+    assert queues.STATE_SIZE == 96  # 11 counters + the spin lock, padded (bpftool: value 96B)
+    state = queues.marker_state(struct.pack("=11Q8x", *range(11)))
+    assert state["marked"] == 6 and state["prev_max_depth_bytes"] == 10
+
+
+@pytest.mark.parametrize("rate,delay_ns,want", [(400e9, 15, 3000 + 51_500), (100e9, 500, 3000 + 25_000)])
+def test_headroom_formula(rate, delay_ns, want):
+    assert queues.headroom_formula_bytes(rate, delay_ns) == want
