@@ -73,22 +73,29 @@ struct {
 
 static __always_inline void drain(struct state *s, const struct cfg *c, __u64 now)
 {
-	__u64 elapsed, credit;
+	__u64 elapsed, credit, bytes_per_s = c->rate_bps / 8;
 
 	if (now <= s->last_ns)
 		return;
 	elapsed = now - s->last_ns;
-	s->last_ns = now;
-	if (elapsed > MAX_ELAPSED_NS)
-		elapsed = MAX_ELAPSED_NS;
-	/* bytes sent in 'elapsed' ns: fits in 64 bits for rates below ~14 Tbit/s */
-	credit = elapsed * (c->rate_bps / 8) / 1000000000ULL;
+	if (elapsed > MAX_ELAPSED_NS || bytes_per_s == 0) {
+		elapsed = elapsed > MAX_ELAPSED_NS ? MAX_ELAPSED_NS : elapsed;
+		s->last_ns = now;
+	}
+	/* whole bytes sent in 'elapsed' ns (fits in 64 bits below ~14 Tbit/s); the clock
+	 * advances only by the time those bytes took, so fractions carry to the next packet
+	 * instead of being lost at every packet */
+	credit = elapsed * bytes_per_s / 1000000000ULL;
+	if (bytes_per_s && s->last_ns != now)
+		s->last_ns += credit * 1000000000ULL / bytes_per_s;
 	if (credit >= s->depth_bytes) {
 		credit -= s->depth_bytes;
 		s->depth_bytes = 0;
 		s->tokens_bytes += credit;
-		if (s->tokens_bytes > c->burst_bytes)
+		if (s->tokens_bytes >= c->burst_bytes) {
 			s->tokens_bytes = c->burst_bytes;
+			s->last_ns = now; /* bucket full: nothing to carry */
+		}
 	} else {
 		s->depth_bytes -= credit;
 	}

@@ -36,6 +36,34 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# ovs-vswitchd's userspace datapath sends every port's packets through ONE non-blocking
+# AF_PACKET socket; packets waiting in a port's qdisc are charged to its send buffer,
+# which it takes from net.core.wmem_default when created. At Linux's 208 KiB default,
+# OVS silently drops everything beyond ~100 KB queued fabric-wide ("error sending ...:
+# Resource temporarily unavailable" in its log). Non-TCP sockets only, memory used on demand.
+wmem=$((32 * 1024 * 1024))
+if [ "$(sysctl -n net.core.wmem_default)" -lt "$wmem" ]; then
+    say "sysctl net.core.wmem_default=$wmem (room for switch queues in OVS's packet socket)"
+    sysctl -q -w net.core.wmem_default="$wmem"
+fi
+vswitchd_sndbuf() {
+    ss -0 -m -p 2>/dev/null | grep -A1 '"ovs-vswitchd"' | grep -o 'tb[0-9]*' | head -1 | tr -d tb
+}
+sndbuf=$(vswitchd_sndbuf)
+if [ -n "$sndbuf" ] && [ "$sndbuf" -lt "$wmem" ]; then
+    if [ -z "$(ovs-vsctl --timeout=3 list-br 2>/dev/null)" ]; then
+        say "restarting ovs-vswitchd so its packet socket gets the larger send buffer"
+        if [ -d /run/systemd/system ]; then
+            systemctl restart openvswitch-switch
+        else
+            /usr/share/openvswitch/scripts/ovs-ctl restart --system-id=random >/dev/null
+        fi
+    else
+        say "WARNING: ovs-vswitchd's packet socket has a ${sndbuf}-byte send buffer and bridges exist;"
+        say "         restart Open vSwitch when they are gone, or switch queues will lose packets"
+    fi
+fi
+
 if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
     if [ -d /run/systemd/system ]; then
         say "starting openvswitch-switch (systemd)"

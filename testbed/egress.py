@@ -45,6 +45,28 @@ class EgressQueues:
             self.marker = None
         return False
 
+    def depth_sample(self, intf: str) -> tuple[float, int, bool]:
+        """(shadow depth, TBF backlog, clean) of one port, in bytes. The netlink read of the
+        TBF takes ~0.1-1 ms; the shadow is evaluated at its midpoint, and ``clean`` says no
+        packet reached the port meanwhile (else the two views differ by those arrivals)."""
+        idx = self.tc.ifindex(intf)
+        before = self.marker.state.lookup(idx, lock=True)
+        t0 = time.monotonic_ns()
+        backlog = self.tc.qdisc_stats(intf)["backlog_bytes"]
+        t1 = time.monotonic_ns()
+        after = self.marker.state.lookup(idx, lock=True)
+        if before is None:
+            return 0.0, backlog, after is None
+        state = queues.marker_state(before)
+        shadow = queues.shadow_depth_now(state, self.by_ifindex[idx].emulated_rate_bps, (t0 + t1) // 2)
+        clean = after is not None and queues.marker_state(after)["packets"] == state["packets"]
+        return shadow, backlog, clean
+
+    def counters(self, intf: str) -> dict:
+        """Marker counters of one port (no epoch bump: max depth is since the last read())."""
+        raw = self.marker.state.lookup(self.tc.ifindex(intf), lock=True)
+        return queues.marker_state(raw) if raw else {}
+
     def read(self) -> list[dict]:
         """One row per port: marker counters (max depth since the previous read), the
         TBF's own counters, and the time of the read."""

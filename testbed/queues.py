@@ -123,6 +123,13 @@ def marker_cfg(pq: PortQueue, epoch: int = 0) -> bytes:
                        epoch)
 
 
+def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> float:
+    """The shadow queue drained up to ``now_ns`` (CLOCK_MONOTONIC, the BPF clock): the
+    program only updates it when a packet passes."""
+    elapsed = max(0, now_ns - state["last_ns"])
+    return max(0.0, state["depth_bytes"] - elapsed * emulated_rate_bps / 8e9)
+
+
 def marker_state(raw: bytes) -> dict:
     """``struct state`` of bpf/marker.c as a dict."""
     return dict(zip(STATE_FIELDS, struct.unpack(STATE_FORMAT, raw)))

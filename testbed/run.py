@@ -60,7 +60,17 @@ class RunOptions:
     cli: bool = False
     hold_s: float = 0.0  # keep the fabric up this long after the checks (watch it from another shell)
     datapath: str | None = None  # overrides the scenario's
-    hook: object = None  # callable(fabric, plan) run after reachability (tests use it)
+    hook: object = None  # callable(RunContext) run after reachability (tests and labs use it)
+
+
+@dataclass
+class RunContext:
+    """What a hook can use while the fabric is up."""
+
+    fabric: object  # fabric.MininetFabric
+    plan: planning.Plan
+    egress: object  # egress.EgressQueues
+    run_dir: Path
 
 
 @dataclass
@@ -205,7 +215,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             LOG.info("reachability: all %d GPU pairs answered over the planned number of hops",
                      manifest["reachability"]["pairs"])
             if options.hook:
-                options.hook(fab, plan)
+                options.hook(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
             if options.cli:
                 LOG.info("Mininet CLI: try 'h1 ping h8', 'sh ovs-ofctl -O OpenFlow13 dump-flows leaf1', "
                          "'sh ovs-ofctl -O OpenFlow15 dump-groups leaf1'; exit to tear down")

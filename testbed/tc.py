@@ -9,12 +9,60 @@ for ports that outlive a run.
 
 from __future__ import annotations
 
+import os
+import socket
+import struct
+
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from .errors import RunError
 
 TC_H_CLSACT_EGRESS = 0xFFFFFFF3
+TC_H_ROOT = 0xFFFFFFFF
+NETLINK_TIMEOUT_S = 5
+TBF_HANDLE = 0x10000
+# rtnetlink wire format for one RTM_GETQDISC (pyroute2 dumps every qdisc: ~1 ms a read)
+RTM_NEWQDISC, RTM_GETQDISC, NLMSG_ERROR = 36, 38, 2
+NLM_F_REQUEST, NLM_F_ECHO = 1, 8  # a single-qdisc GET answers only with ECHO
+TCA_KIND, TCA_STATS2 = 1, 7
+TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
+
+
+def qdisc_request(seq: int, ifindex: int, handle: int = TBF_HANDLE, parent: int = TC_H_ROOT) -> bytes:
+    """nlmsghdr + tcmsg asking for one qdisc."""
+    tcm = struct.pack("=BxxxiIII", socket.AF_UNSPEC, ifindex, handle, parent, 0)
+    return struct.pack("=IHHII", 16 + len(tcm), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_ECHO, seq, 0) + tcm
+
+
+def _attrs(data: bytes):
+    off = 0
+    while off + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, off)
+        if length < 4:
+            return
+        yield kind & 0x3FFF, data[off + 4:off + length]
+        off += (length + 3) & ~3
+
+
+def parse_qdisc_reply(reply: bytes) -> dict:
+    """Kind and counters from an RTM_NEWQDISC message (TCA_STATS2: basic + queue)."""
+    length, msg_type = struct.unpack_from("=IH", reply)
+    if msg_type == NLMSG_ERROR:
+        err = struct.unpack_from("=i", reply, 16)[0]
+        raise OSError(-err, os.strerror(-err))
+    out = {}
+    for kind, value in _attrs(reply[16 + 20:length]):
+        if kind == TCA_KIND:
+            out["kind"] = value.rstrip(b"\0").decode()
+        elif kind == TCA_STATS2:
+            for sub, v in _attrs(value):
+                if sub == TCA_STATS_BASIC:
+                    out["sent_bytes"], out["sent_packets"] = struct.unpack_from("=QI", v)
+                elif sub == TCA_STATS_QUEUE:
+                    qlen, backlog, drops, _requeues, overlimits = struct.unpack_from("=5I", v)
+                    out.update(backlog_bytes=backlog, backlog_packets=qlen, drops=drops, overlimits=overlimits)
+    return out
 
 
 class PortTc:
@@ -22,9 +70,15 @@ class PortTc:
 
     def __init__(self):
         self.ipr = IPRoute()
+        self.nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.nl.bind((0, 0))
+        self.nl.settimeout(NETLINK_TIMEOUT_S)
+        self.seq = 0
+        self._ifindex: dict[str, int] = {}
 
     def close(self):
         self.ipr.close()
+        self.nl.close()
 
     def __enter__(self):
         return self
@@ -33,10 +87,12 @@ class PortTc:
         self.close()
 
     def ifindex(self, intf: str) -> int:
-        found = self.ipr.link_lookup(ifname=intf)
-        if not found:
-            raise RunError(f"interface {intf} not found")
-        return found[0]
+        if intf not in self._ifindex:
+            found = self.ipr.link_lookup(ifname=intf)
+            if not found:
+                raise RunError(f"interface {intf} not found")
+            self._ifindex[intf] = found[0]
+        return self._ifindex[intf]
 
     def apply(self, intf: str, rate_bps: float, burst_bytes: int, limit_bytes: int, prog_fd: int | None) -> int:
         """TBF root qdisc and (when ``prog_fd``) the marker on egress. Returns the ifindex."""
@@ -66,18 +122,17 @@ class PortTc:
                 pass
 
     def qdisc_stats(self, intf: str) -> dict:
-        """The TBF's own counters: backlog (bytes), packets sent, drops, overlimits."""
-        idx = self.ifindex(intf)
-        for msg in self.ipr.get_qdiscs(idx):
-            if msg.get_attr("TCA_KIND") == "tbf":
-                stats = msg.get_attr("TCA_STATS2")
-                basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
-                queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
-                return {
-                    "sent_bytes": basic["bytes"] if basic else None,
-                    "sent_packets": basic["packets"] if basic else None,
-                    "backlog_bytes": queue["backlog"] if queue else None,
-                    "drops": queue["drops"] if queue else None,
-                    "overlimits": queue["overlimits"] if queue else None,
-                }
-        raise RunError(f"no tbf qdisc on {intf}")
+        """The TBF's own counters: backlog (bytes), bytes/packets sent, drops, overlimits."""
+        self.seq += 1
+        self.nl.sendto(qdisc_request(self.seq, self.ifindex(intf)), (0, 0))
+        while True:
+            reply = self.nl.recv(65536)
+            if struct.unpack_from("=I", reply, 8)[0] == self.seq:
+                break
+        try:
+            stats = parse_qdisc_reply(reply)
+        except OSError as exc:
+            raise RunError(f"no tbf qdisc on {intf}: {exc.strerror}") from None
+        if stats.get("kind") != "tbf":
+            raise RunError(f"no tbf qdisc on {intf} (root is {stats.get('kind')})")
+        return stats

@@ -36,7 +36,7 @@ def _all_gone(record: dict):
 def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     seen = {}
     result = run.run(scenario.load("default"), run.RunOptions(
-        results_dir=tmp_path, hook=lambda fab, plan: seen.update(_live_record())))
+        results_dir=tmp_path, hook=lambda ctx: seen.update(_live_record())))
     assert len(seen["processes"]) == 8 + 1 + 1  # GPU host shells, Mininet's controller node, our controller
     _all_gone(seen)
     m = manifest(result.run_dir)
@@ -62,7 +62,8 @@ def test_ecmp_udp_source_ports_use_both_spines(tmp_path, clean_slate):
     (the only IPv4 path to leaf2's prefix) spreads them over uplinks to both spines."""
     seen = {}
 
-    def hook(fab, plan):
+    def hook(ctx):
+        fab, plan = ctx.fabric, ctx.plan
         src, dst = plan.host("h1"), plan.host("h5")
         assert src.leaf != dst.leaf
         (route,) = [r for r in plan.routes_for(src.leaf) if r.prefix == "10.0.2.0/24"]
@@ -95,7 +96,7 @@ def test_ecmp_udp_source_ports_use_both_spines(tmp_path, clean_slate):
 def test_exception_tears_everything_down(tmp_path, clean_slate):
     seen = {}
 
-    def hook(fab, plan):
+    def hook(ctx):
         seen.update(_live_record())
         raise RuntimeError("boom in the middle of a run")
 

@@ -1,0 +1,69 @@
+"""Switch queues on the real data path: incast into one switch port of the fabric."""
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import run, scenario
+
+pytestmark = pytest.mark.integration
+HERE = Path(__file__).resolve().parent
+MTU = 1500
+
+
+def incast(ctx, senders, receiver, rate_bps, seconds, size=1000, sample=None):
+    """Senders blast ECT(0) UDP at ``receiver``; returns (sent, received counts, samples)."""
+    fab, plan = ctx.fabric, ctx.plan
+    dst = plan.host(receiver)
+    rx = fab.host(receiver).popen([sys.executable, str(HERE / "ce_count.py"), "--intf", f"{receiver}-eth0",
+                                   "--seconds", str(seconds + 3)], text=True)
+    assert rx.stdout.readline().strip() == "ready"
+    tx = [fab.host(h).popen([sys.executable, str(HERE / "udp_blast.py"), dst.addr, "--rate-bps", str(rate_bps),
+                             "--seconds", str(seconds), "--size", str(size)], text=True) for h in senders]
+    samples = []
+    while any(p.poll() is None for p in tx):
+        if sample:
+            samples.append(sample())
+        time.sleep(0.02)  # sampling period
+    sent = sum(json.loads(p.communicate(timeout=30)[0])["sent"] for p in tx)
+    counts = json.loads(rx.communicate(timeout=seconds + 30)[0])
+    return sent, counts, samples
+
+
+def test_incast_marks_equal_ce_at_receiver_drops_only_at_buffer(tmp_path):
+    """h2, h3, h4 -> h1 on one leaf at 1.5 x the port rate in total: the queue of leaf1-eth1
+    fills, the marker marks and, past the buffer, drops; the TBF behind it never drops.
+    Dilation 200000 (400G = 2 Mbit/s): the shadow can only follow the real queue to within
+    (qdisc timer lateness x port rate), so the port rate is chosen for ~1 ms of lateness."""
+    sc = scenario.load("leaf-spine", ["queues.buffer=300KB", "queues.ecn.kmin=30KB", "queues.ecn.kmax=150KB",
+                                      "queues.ecn.pmax=0.2", "dilation=200000"])
+    out = {}
+
+    def hook(ctx):
+        (pq,) = [q for q in ctx.egress.ports if q.intf == "leaf1-eth1"]
+        sample = lambda: ctx.egress.depth_sample("leaf1-eth1")  # noqa: E731
+        sent, counts, samples = incast(ctx, ["h2", "h3", "h4"], "h1", pq.emulated_rate_bps / 2, 6,
+                                        size=MTU, sample=sample)
+        out.update(pq=pq, sent=sent, counts=counts, samples=samples,
+                   marker=ctx.egress.counters("leaf1-eth1"), tbf=ctx.egress.tc.qdisc_stats("leaf1-eth1"))
+
+    assert run.run(sc, run.RunOptions(results_dir=tmp_path, hook=hook)).status == "ok"
+    marker, counts, tbf = out["marker"], out["counts"], out["tbf"]
+    assert counts["bad_ip_checksum"] == 0 and counts["socket_drops"] == 0
+    assert marker["marked"] > 0 and counts["ce"] == marker["marked"]
+    assert marker["drops"] > 0 and tbf["drops"] == 0  # drops happen in the marker, at the buffer
+    # every datagram lost was dropped by the marker (its counts also include the few
+    # non-test packets that crossed the port, e.g. ICMP)
+    lost = out["sent"] - counts["udp"]
+    assert lost <= marker["drops"] <= lost + (marker["packets"] - out["sent"])
+    assert marker["max_depth_bytes"] <= out["pq"].buffer_bytes
+    # the shadow queue tracks the real backlog while it is loaded (samples during which no
+    # packet arrived, so both views describe the same instant)
+    loaded = [abs(shadow - real) for shadow, real, clean in out["samples"] if real > 0 and clean]
+    assert len(loaded) > 20
+    p95 = statistics.quantiles(loaded, n=20)[-1]
+    assert p95 <= MTU, (p95, loaded)
