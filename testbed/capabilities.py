@@ -93,6 +93,30 @@ def _version(argv) -> str | None:
     return text[0] if text else "present"
 
 
+def _sysctl(name: str) -> str:
+    try:
+        return Path("/proc/sys", *name.split(".")).read_text().strip()
+    except OSError:
+        return "?"
+
+
+def vswitchd_packet_sndbuf() -> int | None:
+    """Send buffer of ovs-vswitchd's AF_PACKET socket: with the userspace datapath every
+    packet waiting in any switch port's qdisc is charged to it, and OVS drops what does
+    not fit. None if OVS has not opened it (or ``ss`` cannot tell)."""
+    if not shutil.which("ss"):
+        return None
+    res = _run(["ss", "-0", "-m", "-p"])
+    lines = res.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if '"ovs-vswitchd"' in line:
+            for text in (line, lines[i + 1] if i + 1 < len(lines) else ""):
+                for token in text.replace("(", ",").replace(")", ",").split(","):
+                    if token.startswith("tb") and token[2:].isdigit():
+                        return int(token[2:])
+    return None
+
+
 def checks() -> list[Check]:
     root = is_root()
     items = [Check("root", root, "running as root" if root else f"uid {os.geteuid()}",
@@ -127,6 +151,15 @@ def checks() -> list[Check]:
     ovs_up = shutil.which("ovs-vsctl") is not None and _run(["ovs-vsctl", "--timeout=5", "show"]).returncode == 0
     items.append(Check("OVS running", ovs_up, "ovsdb-server and ovs-vswitchd answer" if ovs_up else "not answering",
                        "/usr/share/openvswitch/scripts/ovs-ctl start (make install does it)"))
+    sndbuf = vswitchd_packet_sndbuf()
+    need = 16 * 1024 * 1024
+    items.append(Check("OVS packet socket", None if sndbuf is None else sndbuf >= need,
+                       "not opened yet (sized from net.core.wmem_default "
+                       f"= {_sysctl('net.core.wmem_default')} when OVS first sends)" if sndbuf is None else
+                       f"send buffer {sndbuf} bytes: room for about {sndbuf // 2} bytes queued fabric-wide "
+                       "(userspace datapath)",
+                       "scripts/install.sh (raises net.core.wmem_default and restarts OVS while no bridge exists)",
+                       required=False))
     kdp = ovs_kernel_datapath()
     items.append(Check("OVS kernel datapath", kdp, "openvswitch.ko loaded" if kdp else
                        "no openvswitch.ko: the userspace (netdev) datapath is used",

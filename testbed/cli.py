@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print the planned fabric (no root needed)")
     _add_scenario_args(p)
     p.add_argument("--paths", nargs=2, metavar=("SRC", "DST"), help="GPU hosts to list ECMP paths for (h1 h8)")
+    p = sub.add_parser("queues", help="per-port queue depth, marks and drops of a live run")
+    p.add_argument("--run", default=None, help="run id (default: the newest live run)")
+    p.add_argument("--watch", action="store_true", help="refresh every second until the run ends or Ctrl-C")
+    p.add_argument("--json", action="store_true", help="one JSON list of rows per refresh")
     sub.add_parser("doctor", help="what this machine can do, and the fix for what is missing")
     p = sub.add_parser("clean", help="remove what killed runs left behind (ours only, by run tag)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
@@ -76,6 +80,13 @@ def main(argv=None) -> int:
             except run.Terminated:
                 return 143
             print(result.run_dir)
+        elif args.command == "queues":
+            from . import queuestat
+
+            try:
+                return queuestat.main(args.run, args.watch, args.json)
+            except KeyboardInterrupt:
+                return 0
         elif args.command == "doctor":
             from . import capabilities
 

@@ -1,14 +1,17 @@
 """Switch queues on the real data path: incast into one switch port of the fabric."""
 
 import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from testbed import run, scenario
+from testbed import queuestat, registry, run, scenario
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
@@ -50,6 +53,10 @@ def test_incast_marks_equal_ce_at_receiver_drops_only_at_buffer(tmp_path):
                                         size=MTU, sample=sample)
         out.update(pq=pq, sent=sent, counts=counts, samples=samples,
                    marker=ctx.egress.counters("leaf1-eth1"), tbf=ctx.egress.tc.qdisc_stats("leaf1-eth1"))
+        (me,) = [r for r in registry.live_runs().values() if r["pid"] == os.getpid()]
+        (out["view"],) = [r for r in queuestat.snapshot(me) if r["intf"] == "leaf1-eth1"]
+        out["tc_text"] = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "leaf1-eth1"], capture_output=True,
+                                        text=True, check=True, timeout=30).stdout
 
     assert run.run(sc, run.RunOptions(results_dir=tmp_path, hook=hook)).status == "ok"
     marker, counts, tbf = out["marker"], out["counts"], out["tbf"]
@@ -61,6 +68,11 @@ def test_incast_marks_equal_ce_at_receiver_drops_only_at_buffer(tmp_path):
     lost = out["sent"] - counts["udp"]
     assert lost <= marker["drops"] <= lost + (marker["packets"] - out["sent"])
     assert marker["max_depth_bytes"] <= out["pq"].buffer_bytes
+    # `testbed queues`, `tc -s qdisc` and the marker agree (the queue has drained by now)
+    view = out["view"]
+    assert (view["marked"], view["drops"], view["packets"]) == (marker["marked"], marker["drops"], marker["packets"])
+    sent_pkts = int(re.search(r"qdisc tbf .*?Sent \d+ bytes (\d+) pkt \(dropped (\d+)", out["tc_text"], re.S).group(1))
+    assert tbf["backlog_bytes"] == 0 and sent_pkts == tbf["sent_packets"] == marker["packets"] - marker["drops"]
     # the shadow queue tracks the real backlog while it is loaded (samples during which no
     # packet arrived, so both views describe the same instant)
     loaded = [abs(shadow - real) for shadow, real, clean in out["samples"] if real > 0 and clean]

@@ -1,0 +1,84 @@
+"""``testbed queues [--watch]``: per-port queue depth, marks, drops of a live run, read from
+the run's pinned marker maps and the ports' qdiscs (read-only: it never resets the
+"max depth since the last read" a collector relies on)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import queues, registry
+from .bpfmap import BpfError, Map
+from .errors import RunError
+from .marker import PIN_ROOT
+from .tc import PortTc
+from .units import format_duration, format_size
+
+WATCH_PERIOD_S = 1.0
+
+
+def _live_run(run_id: str | None) -> dict:
+    live = registry.live_runs()
+    if run_id:
+        if run_id not in live:
+            raise RunError(f"no live run {run_id!r} (live: {', '.join(live) or 'none'})")
+        return live[run_id]
+    if not live:
+        raise RunError("no run is up: start one, e.g. python3 -m testbed run --hold 60, then run this in another "
+                       "shell")
+    return live[sorted(live)[-1]]
+
+
+def snapshot(run: dict) -> list[dict]:
+    plan = json.loads((Path(run["results_dir"]) / "plan.json").read_text())
+    pins = PIN_ROOT / run["run_id"]
+    rows = []
+    try:
+        state_map = Map(str(pins / "testbed_state"), queues.STATE_SIZE)
+    except BpfError as exc:
+        raise RunError(f"the run's marker maps are not there yet: {exc}") from None
+    with state_map, PortTc() as tc:
+        now = time.monotonic_ns()
+        for pq in plan["queues"]:
+            idx = tc.ifindex(pq["intf"])
+            raw = state_map.lookup(idx, lock=True)
+            s = queues.marker_state(raw) if raw else {k: 0 for k in queues.STATE_FIELDS}
+            depth = queues.shadow_depth_now(s, pq["emulated_rate_bps"], now) if raw else 0.0
+            q = tc.qdisc_stats(pq["intf"])
+            rows.append({**pq, "depth_bytes": depth, "max_depth_bytes": s["max_depth_bytes"],
+                         "packets": s["packets"], "ect": s["ect"], "marked": s["marked"], "drops": s["drops"],
+                         "tbf_backlog_bytes": q["backlog_bytes"], "tbf_drops": q["drops"]})
+    return rows
+
+
+def render(run: dict, rows: list[dict]) -> str:
+    out = [f"run {run['run_id']}: {len(rows)} switch ports (depth = marker's shadow queue; "
+           f"delay = depth at the real port rate)",
+           f"{'port':14} {'to':8} {'depth':>8} {'delay':>8} {'max':>8} {'tbf backlog':>11} {'packets':>9} "
+           f"{'ECT':>8} {'marked':>8} {'drops':>7} {'tbf drops':>9}"]
+    for r in rows:
+        delay_ns = r["depth_bytes"] * 8e9 / r["rate_bps"]
+        out.append(f"{r['intf']:14} {r['peer']:8} {format_size(r['depth_bytes']):>8} {format_duration(delay_ns):>8} "
+                   f"{format_size(r['max_depth_bytes']):>8} {format_size(r['tbf_backlog_bytes']):>11} "
+                   f"{r['packets']:>9} {r['ect']:>8} {r['marked']:>8} {r['drops']:>7} {r['tbf_drops']:>9}")
+    return "\n".join(out)
+
+
+def main(run_id: str | None, watch: bool, as_json: bool) -> int:
+    run = _live_run(run_id)
+    while True:
+        rows = snapshot(run)
+        if as_json:
+            print(json.dumps(rows))
+        else:
+            if watch and sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(render(run, rows), flush=True)
+        if not watch:
+            return 0
+        time.sleep(WATCH_PERIOD_S)  # refresh period
+        if run["run_id"] not in registry.live_runs():
+            print(f"run {run['run_id']} has ended")
+            return 0
