@@ -57,9 +57,19 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
                        f"{h.ip:15} {h.mac}{nvip}")
     out.append("")
     q = sc.queues
-    out.append("queues (applied by the switch-queue stage, not yet in this version):")
-    out.append(f"  buffer {format_size(q.buffer_bytes) if q.buffer_bytes else 'derived'}; "
-               f"ECN {_ecn(q)}; PFC {_pfc(q)}")
+    out.append("egress queues on every switch port (TBF at the emulated port rate + eBPF WRED/ECN marker):")
+    out.append(f"  scenario: buffer {format_size(q.buffer_bytes) if q.buffer_bytes else 'derived'}; "
+               f"ECN {_ecn(q)}; PFC {_pfc(q)} (PFC is planned, not applied yet)")
+    from .queues import plan_queues
+
+    kinds = {}
+    for pq in plan_queues(plan):
+        kinds.setdefault((pq.rate_bps, pq.buffer_bytes, pq.kmin_bytes, pq.kmax_bytes, pq.pmax, pq.headroom_bytes,
+                          pq.headroom_formula_bytes), []).append(pq.intf)
+    for (rate, buf, kmin, kmax, pmax, head, formula), intfs in sorted(kinds.items()):
+        ecn = f"kmin {format_size(kmin)} kmax {format_size(kmax)} pmax {pmax:g}" if q.ecn else "ECN off"
+        out.append(f"  {len(intfs):3} ports at {format_rate(rate)}: buffer {format_size(buf)}, {ecn}, "
+                   f"PFC headroom {format_size(head)} (formula {format_size(formula)})")
     out.append("")
     if pair is None:
         first, last = plan.hosts[0], plan.hosts[-1]

@@ -100,13 +100,21 @@ class PortTc:
         try:
             self.ipr.tc("replace", "tbf", idx, 0x10000, rate=f"{int(rate_bps)}bit", burst=burst_bytes,
                         limit=limit_bytes)
-            if prog_fd is not None:
-                self.ipr.tc("add", "clsact", idx)
-                self.ipr.tc("add-filter", "bpf", idx, ":1", fd=prog_fd, name="testbed-marker",
-                            parent=TC_H_CLSACT_EGRESS, classid=1, direct_action=True)
         except NetlinkError as exc:
             raise RunError(f"tc on {intf} failed: {exc}") from None
+        if prog_fd is not None:
+            self.attach_marker(intf, prog_fd)
         return idx
+
+    def attach_marker(self, intf: str, prog_fd: int):
+        """clsact on the interface and the marker (by program fd) on its egress hook."""
+        idx = self.ifindex(intf)
+        try:
+            self.ipr.tc("add", "clsact", idx)
+            self.ipr.tc("add-filter", "bpf", idx, ":1", fd=prog_fd, name="testbed-marker",
+                        parent=TC_H_CLSACT_EGRESS, classid=1, direct_action=True)
+        except NetlinkError as exc:
+            raise RunError(f"attaching the marker to {intf} failed: {exc}") from None
 
     def set_rate(self, intf: str, rate_bps: float, burst_bytes: int, limit_bytes: int):
         """Change a port's TBF rate in place (no packet lost or reordered)."""
