@@ -4,8 +4,9 @@ same graph, measured side by side in one run (a benchmark, not a test).
     .venv/bin/python bench/bringup.py [--repeat 3] [SCENARIO ...]   (as root)
 
 For each scenario (default: the 8-GPU default and the 32-GPU rail-32):
-- testbed: MininetFabric up (hosts, OVS bridges, links, tags, host configuration) until
-  the controller confirmed every switch's flows, then teardown;
+- testbed: MininetFabric up (hosts, OVS bridges, links, tags, host configuration) and every
+  switch port's queue (TBF + marker) until the controller confirmed every switch's flows,
+  then teardown;
 - plain Mininet: the same Topo (same switches, ports, hosts) with OVSSwitch, no
   controller, no host configuration: Mininet's own start() and stop().
 Prints medians and the ratio testbed / plain Mininet. The whole testbed run (with the
@@ -28,6 +29,7 @@ from mininet.net import Mininet  # noqa: E402
 from mininet.node import OVSSwitch  # noqa: E402
 
 from testbed import capabilities, plan as planning, registry, scenario  # noqa: E402
+from testbed.egress import EgressQueues  # noqa: E402
 from testbed.fabric import MininetFabric, build_topo  # noqa: E402
 from testbed.process import Controller, free_tcp_port  # noqa: E402
 
@@ -42,11 +44,15 @@ def time_testbed(p, datapath, work: Path) -> tuple[float, float]:
         t0 = time.monotonic()
         fab = MininetFabric(p, record.data["run_id"], datapath, port, record, work)
         fab.__enter__()
+        egress = None
         try:
+            egress = EgressQueues(p, record.data["run_id"]).__enter__()
             ctl.wait_fabric_ready(len(p.switches), 60)
             up = time.monotonic() - t0
         finally:
             t1 = time.monotonic()
+            if egress is not None:
+                egress.__exit__(None, None, None)
             fab.__exit__(None, None, None)
             down = time.monotonic() - t1
     (work / "controller-events.jsonl").unlink()
