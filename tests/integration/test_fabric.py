@@ -128,6 +128,28 @@ def _start_held_run(tmp_path) -> tuple[subprocess.Popen, Path, dict]:
     return proc, run_dir, record
 
 
+def test_queues_command_on_a_live_run(tmp_path, clean_slate):
+    """`testbed queues` in another process reads the live run's ports."""
+    proc, run_dir, record = _start_held_run(tmp_path)
+    try:
+        res = subprocess.run([sys.executable, "-m", "testbed", "queues", "--json"], capture_output=True, text=True,
+                             timeout=60, cwd=Path(run.ROOT))
+        text = subprocess.run([sys.executable, "-m", "testbed", "queues"], capture_output=True, text=True,
+                              timeout=60, cwd=Path(run.ROOT))
+    finally:
+        proc.send_signal(__import__("signal").SIGINT)
+        proc.communicate(timeout=60)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert len(rows) == 24  # leaf-spine: 8 host ports + 8 uplinks seen from both ends
+    # the reachability check crossed every host-facing port
+    assert all(r["packets"] > 0 for r in rows if r["peer"].startswith("h"))
+    assert text.returncode == 0 and "leaf1-eth1" in text.stdout and "marked" in text.stdout
+    after = subprocess.run([sys.executable, "-m", "testbed", "queues"], capture_output=True, text=True, timeout=60,
+                           cwd=Path(run.ROOT))
+    assert after.returncode == 1 and "no run is up" in after.stderr
+
+
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_signal_tears_everything_down(tmp_path, clean_slate, sig, code):
     import signal
@@ -148,10 +170,13 @@ def test_clean_after_sigkill(tmp_path, clean_slate):
     proc.communicate(timeout=30)
     left = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
     assert {"leaf1", "leaf2", "spine1", "spine2"} <= set(left)  # SIGKILL leaves the fabric behind
+    pins = Path("/sys/fs/bpf/testbed") / manifest(run_dir)["run_id"]
+    assert (pins / "marker").exists()  # ...and the run's pinned marker
     res = subprocess.run([sys.executable, "-m", "testbed", "clean"], capture_output=True, text=True, timeout=120,
                          cwd=Path(run.ROOT))
     assert res.returncode == 0, res.stderr
     assert "delete OVS bridge leaf1" in res.stdout
+    assert not pins.exists()
     for p in record["processes"]:
         wait_for(lambda: not registry.process_alive(p["pid"], p["start_time"]), 10, f"process {p['pid']} to end")
     assert manifest(run_dir)["status"] == "up"  # what the killed run last recorded is kept
