@@ -135,6 +135,10 @@ def checks() -> list[Check]:
                            if q["red"] else "missing (not needed: marking is done in BPF)", fix="", required=False))
     else:
         items.append(Check("qdiscs", None, "not tested (needs root)", "run doctor as root"))
+    from .marker import OBJECT
+
+    items.append(Check("marker object", OBJECT.exists(), str(OBJECT) if OBJECT.exists() else "not built",
+                       INSTALL_FIX))
     btf = Path("/sys/kernel/btf/vmlinux").exists()
     items.append(Check("BTF", btf, "/sys/kernel/btf/vmlinux" if btf else "missing",
                        "a kernel with CONFIG_DEBUG_INFO_BTF", required=False))
@@ -147,7 +151,7 @@ def checks() -> list[Check]:
                             ("tshark", ["tshark", "--version"], "tshark")):
         v = _version(argv)
         items.append(Check(tool, v is not None, v or "not found", f"apt-get install {pkg} ({INSTALL_FIX})",
-                           required=tool not in ("clang", "bpftool", "tshark", "tcpdump")))
+                           required=tool not in ("clang", "tshark", "tcpdump")))
     ovs_up = shutil.which("ovs-vsctl") is not None and _run(["ovs-vsctl", "--timeout=5", "show"]).returncode == 0
     items.append(Check("OVS running", ovs_up, "ovsdb-server and ovs-vswitchd answer" if ovs_up else "not answering",
                        "/usr/share/openvswitch/scripts/ovs-ctl start (make install does it)"))

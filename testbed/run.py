@@ -201,12 +201,12 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             stack.callback(lambda: timings.__setitem__("teardown_started", time.monotonic()))
             timings["fabric_up"] = round(time.monotonic() - t0, 3)
             manifest["queues"] = {"ports": len(egress.ports), "shaper": "tbf", "marker": "bpf clsact egress",
-                                  "pins": str(egress.marker.dir)}
+                                  "pins": str(egress.marker.dir), "pfc": "not applied yet"}
             ready = ctl.wait_fabric_ready(len(plan.switches), FABRIC_READY_TIMEOUT_S)
             timings["flows_installed"] = round(time.monotonic() - t0, 3)
-            LOG.info("fabric up in %.1fs; controller programmed %d switches (%d flows, %d groups)",
-                     timings["flows_installed"], len(ready), sum(e["flows"] for e in ready),
-                     sum(e["groups"] for e in ready))
+            LOG.info("fabric up in %.1fs; controller programmed %d switches (%d flows, %d groups); "
+                     "queues (shaper + ECN marker) on %d switch ports", timings["flows_installed"], len(ready),
+                     sum(e["flows"] for e in ready), sum(e["groups"] for e in ready), len(egress.ports))
             t1 = time.monotonic()
             manifest["reachability"] = check_reachability(fab, plan)
             timings["reachability"] = round(time.monotonic() - t1, 3)
