@@ -63,20 +63,6 @@ class EgressQueues:
         return shadow, backlog, clean
 
     def counters(self, intf: str) -> dict:
-        """Marker counters of one port (no epoch bump: max depth is since the last read())."""
+        """Marker counters of one port (no epoch bump: max depth is since the last Marker.read)."""
         raw = self.marker.state.lookup(self.tc.ifindex(intf), lock=True)
         return queues.marker_state(raw) if raw else {}
-
-    def read(self) -> list[dict]:
-        """One row per port: marker counters (max depth since the previous read), the
-        TBF's own counters, and the time of the read."""
-        now_ns = time.monotonic_ns()
-        counters = self.marker.read(self.by_ifindex)
-        rows = []
-        for idx, pq in self.by_ifindex.items():
-            c = counters.get(idx) or {}
-            q = self.tc.qdisc_stats(pq.intf)
-            rows.append({"t_mono_ns": now_ns, "switch": pq.switch, "port": pq.port, "intf": pq.intf,
-                         "peer": pq.peer, **{f"marker_{k}": v for k, v in c.items()},
-                         **{f"tbf_{k}": v for k, v in q.items()}})
-        return rows

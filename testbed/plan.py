@@ -116,9 +116,6 @@ class Plan:
 
     # -- lookups ---------------------------------------------------------------------------
 
-    def switch(self, name: str) -> Switch:
-        return next(s for s in self.switches if s.name == name)
-
     def host(self, name: str) -> Host:
         for h in self.hosts:
             if h.name == name:

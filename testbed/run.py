@@ -27,7 +27,7 @@ import yaml
 
 from . import __version__, capabilities, plan as planning, registry
 from .errors import RunError, TestbedError
-from .process import Controller, free_tcp_port, wait_for
+from .process import Controller, free_tcp_port
 from .scenario import ROOT, Scenario
 
 LOG = logging.getLogger(__name__)
@@ -263,5 +263,3 @@ def _relative(path: Path) -> str:
     except ValueError:
         return str(path)
 
-
-__all__ = ["run", "RunOptions", "RunResult", "Terminated", "wait_for"]

@@ -3,8 +3,9 @@
 Per port: a TBF at the emulated port rate with a byte FIFO (root qdisc), and the
 marker program on the clsact egress hook, attached by the file descriptor of the
 run's pinned program (loaded once, shared by every port). Qdiscs and filters go
-away with their interface, so the fabric's teardown removes them; ``remove`` exists
-for ports that outlive a run.
+away with their interface, so the fabric's teardown removes them. Counters are read
+with one RTM_GETQDISC per port over a raw netlink socket (pyroute2 dumps every qdisc
+of the machine per call: ~1.6 ms against ~7 us).
 """
 
 from __future__ import annotations
@@ -115,19 +116,6 @@ class PortTc:
                         parent=TC_H_CLSACT_EGRESS, classid=1, direct_action=True)
         except NetlinkError as exc:
             raise RunError(f"attaching the marker to {intf} failed: {exc}") from None
-
-    def set_rate(self, intf: str, rate_bps: float, burst_bytes: int, limit_bytes: int):
-        """Change a port's TBF rate in place (no packet lost or reordered)."""
-        self.ipr.tc("change", "tbf", self.ifindex(intf), 0x10000, rate=f"{int(rate_bps)}bit", burst=burst_bytes,
-                    limit=limit_bytes)
-
-    def remove(self, intf: str):
-        idx = self.ifindex(intf)
-        for kind in ("clsact", "tbf"):
-            try:
-                self.ipr.tc("del", kind, idx, 0x10000 if kind == "tbf" else None)
-            except NetlinkError:
-                pass
 
     def qdisc_stats(self, intf: str) -> dict:
         """The TBF's own counters: backlog (bytes), bytes/packets sent, drops, overlimits."""

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import GOLDEN, ROOT
+from conftest import GOLDEN
 from testbed import plan, scenario
 from testbed.units import Dilation
 
