@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Provision this machine for the testbed; idempotent, installs only what is missing.
 # Used by ./lab (quickstart), .ci/run (CI) and the Vagrantfile (lab VM), so it cannot rot.
-#   - Debian/Ubuntu packages: Mininet, Open vSwitch, iproute2, ethtool, ping, tcpdump
+#   - Debian/Ubuntu packages: Mininet, Open vSwitch, iproute2, ethtool, ping, tcpdump, tshark,
+#     iperf3, clang/llvm/libbpf/bpftool (the marker), python3-setuptools (distutils for
+#     Mininet on Python >= 3.12)
 #   - Open vSwitch started (systemd where it runs, else ovs-ctl)
 #   - a venv (system site packages, so the distribution's Mininet imports) with the
 #     project installed editable; TESTBED_VENV chooses where (default: .venv in the repo)
@@ -11,8 +13,8 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TESTBED_VENV:-$repo/.venv}
-packages=(mininet openvswitch-switch python3-venv python3-pip iproute2 ethtool iputils-ping tcpdump
-          clang llvm libbpf-dev bpftool)
+packages=(mininet openvswitch-switch python3-venv python3-pip python3-setuptools iproute2 ethtool
+          iputils-ping tcpdump tshark iperf3 clang llvm libbpf-dev bpftool)
 
 say() { printf '[install] %s\n' "$*"; }
 

@@ -1,0 +1,66 @@
+"""PFC frames (golden bytes, decoded by tshark) and the pure PFC decisions."""
+
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from testbed import pfc, plan, scenario
+
+# dst 01:80:c2:00:00:01 | src | 0x8808 | opcode 0x0101 | vector 0x0008 (priority 3) |
+# quanta: p3 = 0xffff, others 0 | zero padding to 60 bytes
+GOLDEN_XOFF_P3 = bytes.fromhex(
+    "0180c2000001" "020100000101" "8808" "0101" "0008"
+    "0000" "0000" "0000" "ffff" "0000" "0000" "0000" "0000") + bytes(26)
+
+
+def test_frame_golden_bytes_and_round_trip():
+    f = pfc.frame("02:01:00:00:01:01", {3: 0xFFFF})
+    assert f == GOLDEN_XOFF_P3 and len(f) == 60
+    assert pfc.parse(f) == ("02:01:00:00:01:01", {3: 0xFFFF})
+    assert pfc.parse(pfc.frame("02:01:00:00:01:01", {3: 0})) == ("02:01:00:00:01:01", {3: 0})  # XON
+    assert pfc.parse(bytes.fromhex("ffffffffffff020100000101080600010800060400010201")) is None  # ARP
+
+
+@pytest.mark.parametrize("prio,quanta", [(-1, 1), (8, 1), (3, 0x10000)])
+def test_frame_rejects_out_of_range(prio, quanta):
+    with pytest.raises(ValueError):
+        pfc.frame("02:00:00:00:00:01", {prio: quanta})
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="needs tshark")
+def test_tshark_decodes_priority_flow_control(tmp_path):
+    f = pfc.frame("02:01:00:00:01:01", {3: 0xFFFF, 6: 0})
+    pcap = tmp_path / "pfc.pcap"
+    pcap.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)  # Ethernet
+                     + struct.pack("<IIII", 0, 0, len(f), len(f)) + f)
+    out = subprocess.run(["tshark", "-r", str(pcap), "-V"], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    assert "Type: MAC Control (0x8808)" in out
+    assert "Opcode: Class Based Flow Control [CBFC] Pause (0x0101)" in out
+    assert "CBFC Class Enable Vector: 0x0048, C3, C6" in out
+    assert "C3: 65535" in out and "C6: 0" in out
+
+
+def test_pause_time_is_512_bit_times_per_quantum():
+    assert pfc.pause_ns(1, 400e9) == pytest.approx(1.28)  # 512 bits at 400 Gbit/s
+    assert pfc.pause_ns(0xFFFF, 400e9) == pytest.approx(83_884.8)
+
+
+def test_feeders_follow_the_routes():
+    p = plan.build(scenario.load("leaf-spine"), "user")
+    assert pfc.feeders(p, "leaf1", 1) == (2, 3, 4, 5, 6, 7, 8)  # to h1: other hosts and every uplink
+    assert pfc.feeders(p, "leaf1", 5) == (1, 2, 3, 4)  # uplink: only local hosts, never another uplink
+    assert pfc.feeders(p, "spine1", 1) == (3, 4)  # toward leaf1: the links from leaf2 only
+
+
+def test_hysteresis_pauses_refreshes_and_resumes():
+    h = pfc.Hysteresis(xoff_bytes=100_000, xon_bytes=97_000, pause_emulated_ns=1_000)
+    assert h.update(50_000, now_ns=0) is None
+    assert h.update(100_001, now_ns=10) == "xoff"
+    assert h.update(120_000, now_ns=200) is None  # still paused
+    assert h.update(120_000, now_ns=600) == "xoff"  # refreshed before it expires
+    assert h.update(98_000, now_ns=700) is None  # between XON and XOFF: stay paused
+    assert h.update(96_000, now_ns=800) == "xon"
+    assert h.update(96_000, now_ns=900) is None
