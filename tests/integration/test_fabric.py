@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,17 @@ def test_ecmp_udp_source_ports_use_both_spines(tmp_path, clean_slate):
         assert src.leaf != dst.leaf
         (route,) = [r for r in plan.routes_for(src.leaf) if r.prefix == "10.0.2.0/24"]
         spine_of = {lk.a_port: lk.b for lk in plan.links if lk.kind == "uplink" and lk.a == src.leaf}
-        before = _bucket_packets(src.leaf, 1)
+        # late duplicates of the reachability probes may still cross the fabric on a loaded
+        # host: start once the group's counters have stopped moving
+        last = {"value": None, "at": 0.0}
+
+        def quiet():
+            now, value = time.monotonic(), _bucket_packets(src.leaf, 1)
+            if value != last["value"]:
+                last.update(value=value, at=now)
+            return value if now - last["at"] >= 0.5 else None
+
+        before = wait_for(quiet, 15, "leaf1's ECMP group counters to settle", poll_s=0.1)
         assert len(before) == len(route.ports) == 4
         proc = fab.host("h1").popen([sys.executable, str(HERE / "udp_flows.py"), dst.addr, "--flows", "24",
                                      "--packets", "20"])
