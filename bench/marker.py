@@ -20,7 +20,6 @@ import statistics
 import struct
 import subprocess
 import sys
-import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testbed import bpfmap, queues  # noqa: E402
 from testbed.marker import Marker  # noqa: E402
 from testbed.probe import checksum  # noqa: E402
+from testbed.process import wait_for  # noqa: E402
 
 BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_SCHED_CLS = 3
@@ -109,12 +109,9 @@ def iperf(a, b, seconds, udp):
     server = subprocess.Popen(["ip", "netns", "exec", b, "iperf3", "-s", "-1"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):  # wait for the server's port
-            ok = subprocess.run(["ip", "netns", "exec", b, "ss", "-ltn", "sport", "= :5201"], capture_output=True,
-                                text=True).stdout.count("LISTEN")
-            if ok:
-                break
-            time.sleep(0.05)
+        wait_for(lambda: "LISTEN" in subprocess.run(["ip", "netns", "exec", b, "ss", "-ltn", "sport", "= :5201"],
+                                                    capture_output=True, text=True, timeout=10).stdout,
+                 10, "iperf3 to listen")
         argv = ["ip", "netns", "exec", a, "iperf3", "-c", "192.168.77.2", "-t", str(seconds), "-J"]
         if udp:
             argv += ["-u", "-b", "0", "-l", "22"]  # 22-byte payload: 64-byte frames
