@@ -45,6 +45,8 @@ class Terminated(BaseException):
 @contextmanager
 def sigterm_unwinds():
     def handler(signum, frame):
+        # the first SIGTERM unwinds; a second one must not interrupt the teardown it started
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, handler)
