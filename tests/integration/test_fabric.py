@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import registry, run, scenario
+from testbed import capabilities, registry, run, scenario
 from testbed.errors import RunError
 from testbed.process import Controller, free_tcp_port, wait_for
 
@@ -44,6 +44,8 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     assert m["status"] == "ok", m["reason"]
     assert m["reachability"] == {"pairs": 56, "failures": []}  # 8 GPUs, every ordered pair
     assert m["datapath"] in ("user", "kernel") and m["dilation"] >= 1 and m["seed"] == 1
+    # the stock-kernel check (scripts/stock-kernel.sh) expects OVS's kernel datapath there
+    assert m["datapath"] == os.environ.get("TESTBED_EXPECT_DATAPATH", m["datapath"])
     assert m["versions"]["openvswitch"] and m["versions"]["os-ken"]
     assert (result.run_dir / "scenario.yaml").exists() and (result.run_dir / "plan.json").exists()
     events = [json.loads(line) for line in (result.run_dir / "controller-events.jsonl").read_text().splitlines()]
@@ -204,13 +206,14 @@ def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
     plan_path.write_text(json.dumps(plan))
     bridge = f"tbx{tmp_path.name[-8:]}".replace("_", "")[:15]
     port = free_tcp_port()
+    dp_type = "system" if capabilities.choose_datapath("auto") == "kernel" else "netdev"
     with Controller(plan_path, tmp_path, port) as ctl:
-        ctl.wait_listening(30)
-        subprocess.run(["ovs-vsctl", "add-br", bridge, "--", "set", "bridge", bridge, "datapath_type=netdev",
+        ctl.wait_listening(60)
+        subprocess.run(["ovs-vsctl", "add-br", bridge, "--", "set", "bridge", bridge, f"datapath_type={dp_type}",
                         "protocols=OpenFlow13,OpenFlow15", "other_config:datapath-id=0000000000000bad", "fail_mode=secure",
                         "--", "set-controller", bridge, f"tcp:127.0.0.1:{port}"], check=True, timeout=30)
         try:
-            wait_for(lambda: ctl.proc.poll() is not None, 30, "the controller to exit on the handler exception")
+            wait_for(lambda: ctl.proc.poll() is not None, 90, "the controller to exit on the handler exception")
             with pytest.raises(RunError, match=r"controller exited with status 3: .*\(in on_features\)"):
                 ctl.check_alive()
         finally:

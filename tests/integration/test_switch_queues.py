@@ -16,6 +16,9 @@ from testbed import queuestat, registry, run, scenario
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 MTU = 1500
+# The stock-kernel check runs under software CPU emulation (10-20x slower, later timers):
+# it loosens timing-derived bounds by this factor (scripts/stock-kernel-init.sh sets it).
+TIMING_SLACK = float(os.environ.get("TESTBED_TIMING_SLACK", "1"))
 
 
 def incast(ctx, senders, receiver, rate_bps, seconds, size=1000, sample=None):
@@ -78,4 +81,4 @@ def test_incast_marks_equal_ce_at_receiver_drops_only_at_buffer(tmp_path):
     loaded = [abs(shadow - real) for shadow, real, clean in out["samples"] if real > 0 and clean]
     assert len(loaded) > 20
     p95 = statistics.quantiles(loaded, n=20)[-1]
-    assert p95 <= MTU, (p95, loaded)
+    assert p95 <= MTU * TIMING_SLACK, (p95, loaded)
