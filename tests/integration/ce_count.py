@@ -1,5 +1,6 @@
-"""Count IPv4/UDP frames to ``--port`` arriving on ``--intf`` for ``--seconds`` (AF_PACKET):
-total, CE-marked, and frames whose IP header checksum is wrong. Prints JSON."""
+"""Count IPv4/UDP frames to ``--port`` arriving on ``--intf`` (AF_PACKET) until standard input
+closes (or ``--seconds`` pass): total, CE-marked, ECT, frames whose IP header checksum is
+wrong, and the socket's own drops. Prints JSON."""
 
 import argparse
 import json
@@ -30,8 +31,16 @@ def main():
     print("ready", flush=True)
     counts = {"udp": 0, "ce": 0, "ect": 0, "bad_ip_checksum": 0}
     end = time.monotonic() + args.seconds
+    closing = False
     while (left := end - time.monotonic()) > 0:
-        if not select.select([s], [], [], left)[0]:
+        # once the test closed our input, read what is already queued on the socket, then stop
+        ready = select.select([s] if closing else [s, sys.stdin], [], [], 0.2 if closing else left)[0]
+        if not closing and sys.stdin in ready and not sys.stdin.readline():
+            closing = True
+            continue
+        if s not in ready:
+            if closing:
+                break
             continue
         frame, addr = s.recvfrom(65535)
         if addr[2] == socket.PACKET_OUTGOING or len(frame) < 42:

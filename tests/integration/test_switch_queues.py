@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from testbed import queuestat, registry, run, scenario
+from testbed.process import wait_for
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
@@ -22,11 +23,13 @@ TIMING_SLACK = float(os.environ.get("TESTBED_TIMING_SLACK", "1"))
 
 
 def incast(ctx, senders, receiver, rate_bps, seconds, size=1000, sample=None):
-    """Senders blast ECT(0) UDP at ``receiver``; returns (sent, received counts, samples)."""
+    """Senders blast ECT(0) UDP at ``receiver``; returns (sent, received counts, samples).
+    The receiver counts until the senders are done and the receiver's port has drained."""
     fab, plan = ctx.fabric, ctx.plan
     dst = plan.host(receiver)
+    port = f"{dst.leaf}-eth{dst.leaf_port}"
     rx = fab.host(receiver).popen([sys.executable, str(HERE / "ce_count.py"), "--intf", f"{receiver}-eth0",
-                                   "--seconds", str(seconds + 3)], text=True)
+                                   "--seconds", "600"], text=True, stdin=subprocess.PIPE)
     assert rx.stdout.readline().strip() == "ready"
     tx = [fab.host(h).popen([sys.executable, str(HERE / "udp_blast.py"), dst.addr, "--rate-bps", str(rate_bps),
                              "--seconds", str(seconds), "--size", str(size)], text=True) for h in senders]
@@ -36,7 +39,8 @@ def incast(ctx, senders, receiver, rate_bps, seconds, size=1000, sample=None):
             samples.append(sample())
         time.sleep(0.02)  # sampling period
     sent = sum(json.loads(p.communicate(timeout=30)[0])["sent"] for p in tx)
-    counts = json.loads(rx.communicate(timeout=seconds + 30)[0])
+    wait_for(lambda: ctx.egress.tc.qdisc_stats(port)["backlog_bytes"] == 0, 60, f"{port} to drain")
+    counts = json.loads(rx.communicate(input="", timeout=60)[0])
     return sent, counts, samples
 
 
