@@ -85,7 +85,8 @@ def qdisc_support() -> dict[str, bool]:
     return out
 
 
-def _version(argv) -> str | None:
+def tool_version(argv) -> str | None:
+    """First line a tool prints about its version; None if it is not installed."""
     if not shutil.which(argv[0]):
         return None
     res = _run(argv)
@@ -149,7 +150,7 @@ def checks() -> list[Check]:
                             ("ethtool", ["ethtool", "--version"], "ethtool"),
                             ("tcpdump", ["tcpdump", "--version"], "tcpdump"),
                             ("tshark", ["tshark", "--version"], "tshark")):
-        v = _version(argv)
+        v = tool_version(argv)
         items.append(Check(tool, v is not None, v or "not found", f"apt-get install {pkg} ({INSTALL_FIX})",
                            required=tool not in ("clang", "tshark", "tcpdump")))
     ovs_up = shutil.which("ovs-vsctl") is not None and _run(["ovs-vsctl", "--timeout=5", "show"]).returncode == 0

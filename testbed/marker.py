@@ -79,28 +79,24 @@ class Marker:
         self.cfg.update(ifindex, queues.marker_cfg(pq, self.epoch))
 
     def read(self, ports: dict[int, queues.PortQueue]) -> dict[int, dict]:
-        """Counters of every port; ``max_depth_bytes`` is the maximum since the previous read."""
-        return read_counters(self.cfg, self.state, ports, self)
-
-
-def read_counters(cfg: bpfmap.Map, state: bpfmap.Map, ports: dict, holder) -> dict[int, dict]:
-    """Bump the epoch on every port, then read: the first packet of the new epoch moves the
-    finished epoch's maximum aside, so no burst between two reads is lost."""
-    holder.epoch += 1
-    for ifindex, pq in ports.items():
-        cfg.update(ifindex, queues.marker_cfg(pq, holder.epoch))
-    out = {}
-    for ifindex in ports:
-        raw = state.lookup(ifindex, lock=True)
-        if raw is None:
-            out[ifindex] = None
-            continue
-        s = queues.marker_state(raw)
-        # if a packet already opened the new epoch, the finished epoch's max is prev_max
-        s["max_depth_bytes"] = (s["prev_max_depth_bytes"] if s["epoch"] == holder.epoch
-                                else max(s["max_depth_bytes"], s["depth_bytes"]))
-        out[ifindex] = s
-    return out
+        """Counters of every port; ``max_depth_bytes`` is the maximum since the previous read.
+        The epoch is bumped on every port first: the first packet of the new epoch moves the
+        finished epoch's maximum aside, so no burst between two reads is lost."""
+        self.epoch += 1
+        for ifindex, pq in ports.items():
+            self.cfg.update(ifindex, queues.marker_cfg(pq, self.epoch))
+        out = {}
+        for ifindex in ports:
+            raw = self.state.lookup(ifindex, lock=True)
+            if raw is None:
+                out[ifindex] = None
+                continue
+            s = queues.marker_state(raw)
+            # if a packet already opened the new epoch, the finished epoch's max is prev_max
+            s["max_depth_bytes"] = (s["prev_max_depth_bytes"] if s["epoch"] == self.epoch
+                                    else max(s["max_depth_bytes"], s["depth_bytes"]))
+            out[ifindex] = s
+        return out
 
 
 def remove_pins(path: Path):

@@ -13,9 +13,10 @@ link's real rate; quanta 0 resumes (XON).
 
 from __future__ import annotations
 
-import ipaddress
 import struct
 from dataclasses import dataclass
+
+from .plan import lookup
 
 PFC_DST_MAC = bytes.fromhex("0180c2000001")
 ETH_TYPE_MAC_CONTROL = 0x8808
@@ -71,12 +72,7 @@ def feeders(plan, switch: str, egress_port: int) -> tuple[int, ...]:
     hosts = [h.addr for h in plan.hosts]
 
     def out_ports(sw: str, addr: str) -> tuple:
-        ip, best = ipaddress.ip_address(addr), None
-        for r in routes.get(sw, ()):
-            net = ipaddress.ip_network(r.prefix)
-            if ip in net and (best is None or net.prefixlen > best[0]):
-                best = (net.prefixlen, r.ports)
-        return best[1] if best else ()
+        return lookup(routes.get(sw, ()), addr)
 
     dests = [a for a in hosts if egress_port in out_ports(switch, a)]
     result = []

@@ -175,7 +175,7 @@ class Plan:
                 return
             if len(hops) > len(self.switches) + 1:
                 raise AssertionError(f"routing loop from {src} to {dst}: {hops}")
-            for port in _lookup(routes.get(node, ()), d.addr):
+            for port in lookup(routes.get(node, ()), d.addr):
                 nxt, _ = by_port[(node, port)]
                 walk(nxt, hops + [(node, f"{node}-eth{port}")])
 
@@ -196,8 +196,8 @@ class Plan:
         }
 
 
-def _lookup(routes, addr: str) -> tuple:
-    """Longest-prefix match over a switch's routes."""
+def lookup(routes, addr: str) -> tuple:
+    """Longest-prefix match over a switch's routes: the ports toward ``addr``."""
     ip = ipaddress.ip_address(addr)
     best = None
     for r in routes:

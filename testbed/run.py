@@ -14,7 +14,6 @@ import logging
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 from contextlib import ExitStack, contextmanager
@@ -83,15 +82,6 @@ class RunResult:
     manifest: dict = field(default_factory=dict)
 
 
-def _tool_version(argv) -> str | None:
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = (res.stdout or res.stderr).strip().splitlines()
-    return lines[0] if lines else None
-
-
 def _pkg_version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -104,12 +94,12 @@ def versions() -> dict:
         "testbed": __version__,
         "python": sys.version.split()[0],
         "kernel": platform.release(),
-        "openvswitch": _tool_version(["ovs-vsctl", "--version"]),
+        "openvswitch": capabilities.tool_version(["ovs-vsctl", "--version"]),
         "mininet": _pkg_version("mininet"),
         "os-ken": _pkg_version("os-ken"),
         "pyroute2": _pkg_version("pyroute2"),
         "scapy": _pkg_version("scapy"),
-        "iproute2": _tool_version(["ip", "-V"]),
+        "iproute2": capabilities.tool_version(["ip", "-V"]),
     }
 
 
