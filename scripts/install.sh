@@ -48,8 +48,8 @@ if [ "$(sysctl -n net.core.wmem_default)" -lt "$wmem" ]; then
     say "sysctl net.core.wmem_default=$wmem (room for switch queues in OVS's packet socket)"
     sysctl -q -w net.core.wmem_default="$wmem"
 fi
-vswitchd_sndbuf() {
-    ss -0 -m -p 2>/dev/null | grep -A1 '"ovs-vswitchd"' | grep -o 'tb[0-9]*' | head -1 | tr -d tb
+vswitchd_sndbuf() {  # empty when ovs-vswitchd is not running (a fresh machine): not an error
+    { ss -0 -m -p 2>/dev/null | grep -A1 '"ovs-vswitchd"' | grep -o 'tb[0-9]*' | head -1 | tr -d tb; } || true
 }
 sndbuf=$(vswitchd_sndbuf)
 if [ -n "$sndbuf" ] && [ "$sndbuf" -lt "$wmem" ]; then
