@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="bring the fabric up, check every GPU pair, record results, tear down")
     _add_scenario_args(p)
     p.add_argument("--cli", action="store_true", help="open the Mininet CLI after bring-up")
+    p.add_argument("--no-traffic", action="store_true",
+                   help="bring the fabric up and prove reachability, but do not run the workload")
     p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
                    help="keep the fabric up this long after the checks, then tear down (Ctrl-C ends it early)")
     p.add_argument("--results", type=Path, default=None, help="results folder (default: results/)")
@@ -70,7 +72,8 @@ def main(argv=None) -> int:
             from . import run
 
             sc = _load(args)
-            opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold)
+            opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold,
+                                  train=not args.no_traffic)
             if args.results:
                 opts.results_dir = args.results
             try:

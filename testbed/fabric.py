@@ -21,7 +21,7 @@ from mininet.net import Mininet
 from mininet.node import OVSSwitch, RemoteController, Switch
 from mininet.topo import Topo
 
-from . import registry
+from . import queues, registry
 from .errors import RunError
 from .plan import Plan
 
@@ -68,6 +68,16 @@ def _disable_ipv6(interfaces):
         path = Path("/proc/sys/net/ipv6/conf") / name / "disable_ipv6"
         if path.exists():
             path.write_text("1\n")
+
+
+def _set_mtu(work_dir: Path, interfaces):
+    """Jumbo frames on the root-namespace ends (switch ports, NVLink bridges): RoCE's
+    4096-byte payload needs an IP MTU of 4140; hosts set theirs in ``_configure_hosts``."""
+    batch = work_dir / "root-mtu.ipbatch"
+    batch.write_text("".join(f"link set dev {name} mtu {queues.LINK_MTU_BYTES}\n" for name in interfaces))
+    done = _ip(["-batch", str(batch)], check=False)
+    if done.returncode:
+        raise RunError(f"setting MTU {queues.LINK_MTU_BYTES} on the switch ports failed: {done.stderr.strip()}")
 
 
 def build_topo(plan: Plan, datapath: str) -> Topo:
@@ -117,6 +127,8 @@ class MininetFabric:
             self.net.build()
             self.record.add(processes=[n.pid for n in self.net.hosts + self.net.controllers])
             _disable_ipv6(root_interfaces(self.plan))
+            # veth ends only: a Linux bridge (NVLink) takes the smallest MTU of its ports
+            _set_mtu(self.work_dir, [n for n in root_interfaces(self.plan) if "-eth" in n])
             self.net.start()
             registry.tag_bridges(self.run_id, bridges)
             registry.tag_interfaces(self.run_id, root_interfaces(self.plan))
@@ -152,8 +164,10 @@ class MininetFabric:
         for h in self.plan.hosts:
             node = self.net.get(h.name)
             batch = self.work_dir / f"{h.name}.ipbatch"
-            lines = [f"neigh replace {o.addr} lladdr {o.mac} dev {h.name}-eth0 nud permanent"
-                     for o in self.plan.hosts if o.name != h.name]
+            lines = [f"link set dev {intf.name} mtu {queues.LINK_MTU_BYTES}" for intf in node.intfList()
+                     if intf.name != "lo"]
+            lines += [f"neigh replace {o.addr} lladdr {o.mac} dev {h.name}-eth0 nud permanent"
+                      for o in self.plan.hosts if o.name != h.name]
             if h.nvlink_ip:
                 lines.append(f"addr add {h.nvlink_ip} dev {h.name}-eth1")
                 lines.append(f"link set dev {h.name}-eth1 address {h.nvlink_mac}")

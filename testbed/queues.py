@@ -24,7 +24,11 @@ from dataclasses import asdict, dataclass
 
 from . import units
 
-MTU_BYTES = 1500  # the veths' MTU (RoCE's 4096-byte payload arrives with the GPU stage)
+# Every fabric and NVLink interface gets IP MTU 4200 (the usual RoCE setting: a 4096-byte
+# RoCE payload + BTH/UDP/IP headers + ICRC = 4140 bytes fits); MTU_BYTES is the largest
+# frame on the wire, Ethernet header included, which is what TBF and the marker count.
+LINK_MTU_BYTES = 4200
+MTU_BYTES = LINK_MTU_BYTES + 14
 PFC_RESPONSE_NS = 1000
 DCQCN_REF_RATE_BPS = 40e9
 DCQCN_KMIN_BYTES = 5_000

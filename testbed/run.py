@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__, capabilities, plan as planning, registry
+from . import __version__, capabilities, plan as planning, registry, units
 from .errors import RunError, TestbedError
 from .process import Controller, free_tcp_port
 from .scenario import ROOT, Scenario
@@ -62,6 +62,7 @@ class RunOptions:
     hold_s: float = 0.0  # keep the fabric up this long after the checks (watch it from another shell)
     datapath: str | None = None  # overrides the scenario's
     hook: object = None  # callable(RunContext) run after reachability (tests and labs use it)
+    train: bool = True  # run the scenario's workload (if it has one) after reachability
 
 
 @dataclass
@@ -206,6 +207,9 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             write_manifest(run_dir, manifest)
             LOG.info("reachability: all %d GPU pairs answered over the planned number of hops",
                      manifest["reachability"]["pairs"])
+            if scenario.workload is not None and options.train:
+                manifest["training"] = _train(fab, plan, scenario.workload, run_dir, record, ctl, timings)
+                write_manifest(run_dir, manifest)
             if options.hook:
                 options.hook(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
             if options.cli:
@@ -241,6 +245,44 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
         LOG.info("run %s %s%s; results in %s", run_id, status, f" ({reason})" if reason else "",
                  _relative(run_dir))
     return RunResult(run_dir=run_dir, status=status, reason=reason, manifest=manifest)
+
+
+def _train(fab, plan, workload, run_dir, record, ctl, timings) -> dict:
+    """Run the workload on the GPU agents; writes training.json and returns its headline."""
+    from .training import Training, load_records, summarise
+
+    t0 = time.monotonic()
+    training = Training(fab, plan, workload, run_dir, record)
+    ideal = training.ideal()
+    try:
+        with training:
+            ideal_emulated_s = workload.iterations * plan.dilation.duration_ns(ideal["iteration_ns"]) / 1e9
+            LOG.info("training: %d GPUs, %d iterations of compute %s + ring AllReduce of %s; ideal %s per "
+                     "iteration (%.1fs emulated in all)", training.n, workload.iterations,
+                     units.format_duration(workload.compute_ns),
+                     " + ".join(units.format_size(b) for b in workload.allreduce_bytes),
+                     units.format_duration(ideal["iteration_ns"]), ideal_emulated_s)
+            training.train(timeout_s=max(60.0, 10 * ideal_emulated_s))
+    finally:
+        # after the agents have exited: their per-QP counters are the last lines they write
+        timings["training"] = round(time.monotonic() - t0, 3)
+        summary = summarise(load_records(training.records_dir), workload, ideal, plan.dilation.factor, training.n)
+        (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    ctl.check_alive()
+    for it in summary["iterations"]:
+        LOG.info("iteration %d: step %s (ideal %s, x%.3f)", it["iteration"], units.format_duration(it["step_ns"]),
+                 units.format_duration(it["ideal_ns"]), it["ratio"])
+    for c in summary["collectives"]:
+        LOG.info("  AllReduce %s over %d ranks: %s (ideal %s, x%.3f), busbw %s = %.1f%% of the link",
+                 units.format_size(c["bytes"]), c["ranks"], units.format_duration(c["time_ns"]),
+                 units.format_duration(c["ideal_ns"]), c["ratio"], units.format_rate(c["busbw_bps"]),
+                 100 * c["busbw_of_line"])
+    t = summary["transport"]
+    LOG.info("transport: %d packets, %d retransmitted, %d timeouts, %d NAKs, %d CE marks seen, %d CNPs, "
+             "%d DCQCN rate cuts", t["packets_sent"], t["retransmitted"], t["timeouts"], t["naks_sent"],
+             t["ce_received"], t["cnps_sent"], t["dcqcn_cuts"])
+    return {"iterations": len(summary["iterations"]), "collectives": len(summary["collectives"]),
+            "records": str(training.records_dir.relative_to(run_dir)), "summary": "training.json"}
 
 
 def write_manifest(run_dir: Path, manifest: dict):

@@ -18,12 +18,13 @@ from typing import Any
 
 import yaml
 
-from . import units
+from . import traffic as traffic_schema, units
 from .errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = ROOT / "scenarios"
 TOPOLOGY_DIR = ROOT / "topologies"
+TRAFFIC_DIR = ROOT / "traffic"
 DEFAULT_SCENARIO = "default"
 
 KINDS = ("leaf-spine", "top-of-rack", "rail-optimised")
@@ -108,7 +109,8 @@ class Scenario:
     topology_source: str
     fabric: Fabric
     queues: Queues
-    traffic: str | None
+    traffic: str | None  # the workload file, or None: the run only proves reachability
+    workload: object  # traffic.Workload or None
     dilation: float | None  # None = auto
     datapath: str
     seed: int
@@ -278,10 +280,27 @@ def load(ref: str | None = None, overrides: list[str] | tuple = ()) -> Scenario:
         _deep_merge(resolved["fabric"], doc["fabric"], origins, ("fabric",), scenario_label, ("fabric",))
     elif doc.get("fabric") is not None:
         raise ConfigError(f"{scenario_label}: fabric: expected a mapping of topology fields to override")
+    traffic_ref = doc.get("traffic")
+    if traffic_ref is not None:
+        if not isinstance(traffic_ref, str):
+            raise ConfigError(f"{scenario_label}: traffic: expected the name of a file in traffic/, got {traffic_ref!r}")
+        traffic_path = _find(traffic_ref, TRAFFIC_DIR, "workload", f"{scenario_label}: traffic")
+        traffic_label = _display(traffic_path)
+        resolved["traffic"] = traffic_label
+        resolved["workload"] = _read_yaml(traffic_path, traffic_label)
+        origins.add(("workload",), traffic_label)
+    if isinstance(doc.get("workload"), dict):
+        resolved.setdefault("workload", {})
+        _deep_merge(resolved["workload"], doc["workload"], origins, ("workload",), scenario_label, ("workload",))
+    elif doc.get("workload") is not None:
+        raise ConfigError(f"{scenario_label}: workload: expected a mapping of workload fields to override")
     for text in overrides:
         set_path, value = parse_set(text)
         if set_path[0] == "topology":
             raise ConfigError(f"--set {text}: choose the topology with the scenario argument, not --set")
+        if set_path[0] == "traffic":
+            raise ConfigError(f"--set {text}: choose the workload with traffic: in the scenario file; "
+                              f"override its fields with --set workload.FIELD=VALUE")
         _apply_set(resolved, set_path, value, text)
         origins.add(set_path, f"--set {text}")
     return _validate(resolved, origins, source=label, topology_source=topo_label)
@@ -351,7 +370,8 @@ def _show(value) -> str:
     return repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
 
 
-_SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "dilation", "datapath", "seed")
+_SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "workload", "dilation",
+                  "datapath", "seed")
 _FABRIC_KEYS = {
     "leaf-spine": ("kind", "description", "spines", "leaves", "hosts_per_leaf", "gpus_per_server",
                    "host_link", "uplinks", "nvlink"),
@@ -379,9 +399,10 @@ def _validate(doc: dict, origins: _Origins, source: str, topology_source: str) -
     fabric = _validate_fabric(c, doc.get("fabric"), ("fabric",))
     queues = _validate_queues(c, doc.get("queues"), ("queues",))
     traffic = doc.get("traffic")
-    if traffic is not None:
-        c.problem(("traffic",), "training workloads are not available yet (traffic/README.md); "
-                                "leave traffic unset")
+    workload = None
+    if doc.get("workload") is not None:
+        gpus = sum(leaf.hosts for leaf in fabric.leaves) if fabric else None
+        workload = traffic_schema.validate(c, doc["workload"], ("workload",), gpus)
     dilation = doc.get("dilation", "auto")
     if dilation == "auto":
         dilation = None
@@ -393,7 +414,7 @@ def _validate(doc: dict, origins: _Origins, source: str, topology_source: str) -
     if c.problems:
         raise ConfigError(c.problems)
     return Scenario(name=name, description=description.strip(), source=source, topology_source=topology_source,
-                    fabric=fabric, queues=queues, traffic=traffic, dilation=dilation, datapath=datapath,
+                    fabric=fabric, queues=queues, traffic=traffic, workload=workload, dilation=dilation, datapath=datapath,
                     seed=seed, resolved=doc)
 
 

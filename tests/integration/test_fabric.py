@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -122,10 +123,16 @@ def test_exception_tears_everything_down(tmp_path, clean_slate):
     _all_gone(seen)
 
 
+def _default_sigint():
+    """A shell's background job starts with SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler; give the run Ctrl-C however the tests were launched."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_held_run(tmp_path) -> tuple[subprocess.Popen, Path, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "leaf-spine", "--results", str(tmp_path),
                              "--hold", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=Path(run.ROOT), text=True)
+                            cwd=Path(run.ROOT), text=True, preexec_fn=_default_sigint)
 
     def up():
         if proc.poll() is not None:
@@ -150,7 +157,7 @@ def test_queues_command_on_a_live_run(tmp_path, clean_slate):
         text = subprocess.run([sys.executable, "-m", "testbed", "queues"], capture_output=True, text=True,
                               timeout=60, cwd=Path(run.ROOT))
     finally:
-        proc.send_signal(__import__("signal").SIGINT)
+        proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)

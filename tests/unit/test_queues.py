@@ -26,13 +26,13 @@ def test_defaults_follow_dcqcn_scaled_to_rate_and_the_headroom_formula():
     (pq,) = [q for q in ports("topologies/leaf-spine.yaml") if q.intf == "spine1-eth1"]
     # 400G = 10 x the DCQCN paper's 40G: Kmin 50 KB, Kmax 2 MB, Pmax 1 %
     assert (pq.kmin_bytes, pq.kmax_bytes, pq.pmax) == (50_000, 2_000_000, 0.01)
-    # 100 m of cable = 500 ns; 2 x 1500 + (2 x 500 ns + 1 us) x 50 B/ns
-    assert pq.headroom_bytes == pq.headroom_formula_bytes == 3000 + 100_000
-    assert pq.buffer_bytes == 2 * 2_000_000 + 103_000
+    # 100 m of cable = 500 ns; 2 x MTU (4214-byte frames) + (2 x 500 ns + 1 us) x 50 B/ns
+    assert pq.headroom_bytes == pq.headroom_formula_bytes == 2 * 4214 + 100_000
+    assert pq.buffer_bytes == 2 * 2_000_000 + 8428 + 100_000
     assert pq.xoff_bytes == pq.buffer_bytes - pq.headroom_bytes
-    assert pq.xon_bytes == pq.xoff_bytes - 3000
-    assert pq.fifo_limit_bytes == pq.buffer_bytes + 3000  # a little above the marker's buffer
-    assert pq.burst_bytes == 4500  # 3 MTU
+    assert pq.xon_bytes == pq.xoff_bytes - 8428
+    assert pq.fifo_limit_bytes == pq.buffer_bytes + 8428  # a little above the marker's buffer
+    assert pq.burst_bytes == 3 * 4214
     assert pq.emulated_rate_bps == 400e9 / 50000
 
 
@@ -49,12 +49,12 @@ def test_marker_cfg_layout_matches_bpf_struct():
     (pq,) = [q for q in ports() if q.intf == "leaf1-eth1"]
     raw = queues.marker_cfg(pq, epoch=7)
     assert len(raw) == 56 == queues.CFG_SIZE
-    assert struct.unpack("=7Q", raw) == (8_000_000, 4500, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 7)
+    assert struct.unpack("=7Q", raw) == (8_000_000, 3 * 4214, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 7)
     assert queues.STATE_SIZE == 96  # 11 counters + the spin lock, padded (bpftool: value 96B)
     state = queues.marker_state(struct.pack("=11Q8x", *range(11)))
     assert state["marked"] == 6 and state["prev_max_depth_bytes"] == 10
 
 
-@pytest.mark.parametrize("rate,delay_ns,want", [(400e9, 15, 3000 + 51_500), (100e9, 500, 3000 + 25_000)])
+@pytest.mark.parametrize("rate,delay_ns,want", [(400e9, 15, 8428 + 51_500), (100e9, 500, 8428 + 25_000)])
 def test_headroom_formula(rate, delay_ns, want):
     assert queues.headroom_formula_bytes(rate, delay_ns) == want

@@ -1,0 +1,2 @@
+"""Emulated GPUs: the agent process (``runner``), its transport (``transport``) and
+congestion control (``dcqcn``)."""

@@ -1,0 +1,180 @@
+"""Workloads (``traffic/*.yaml``) in real units -> a frozen ``Workload``.
+
+A scenario names a workload file with ``traffic: NAME``; its content lands under
+``workload:`` in the resolved scenario, where the scenario may override any field
+(``workload: {iterations: 2}``, or ``--set workload.collective.bytes=4MB``). Problems
+are reported with the file and YAML path like every other scenario field.
+
+What this version emulates: data parallelism with a ring AllReduce (reduce-scatter +
+all-gather) after each iteration's compute. The schema already carries the pipeline and
+tensor degrees and the other collectives; asking for them is a clear error until they
+are emulated, rather than a silent substitute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import units
+
+ALGORITHMS = ("ring",)
+ALGORITHMS_LATER = ("halving-doubling", "tree", "hierarchical", "all-to-all")
+MAPPINGS = ("sequential", "rail")
+PRECISION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+RDMA_MTUS = (256, 512, 1024, 2048, 4096)  # the InfiniBand path MTUs RoCE uses
+KEYS = ("name", "description", "iterations", "model", "parallelism", "mapping", "compute", "collective",
+        "pipeline_schedule", "transport")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    iterations: int
+    data: int  # DP degree
+    pipeline: int
+    tensor: int
+    mapping: object  # "sequential", "rail" or a tuple of GPU names in rank order
+    forward_ns: int  # compute per iteration, real time
+    backward_ns: int
+    algorithm: str
+    allreduce_bytes: tuple  # one entry per gradient bucket, in order
+    mtu_bytes: int  # RoCE payload per packet
+    dcqcn: bool
+    gradient_bytes: int  # all buckets together
+    gradient_source: str  # "model" or "bytes"
+
+    @property
+    def compute_ns(self) -> int:
+        return self.forward_ns + self.backward_ns
+
+
+def _show(value) -> str:
+    return repr(value) if not isinstance(value, str) else f"'{value}'"
+
+
+def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
+    """``c`` is the scenario's problem collector; ``gpus`` the fabric's GPU count (None if
+    the fabric itself is invalid)."""
+    doc = c.mapping(doc, path, KEYS)
+    name = doc.get("name") or "workload"
+    description = doc.get("description") or ""
+    iterations = c.integer(doc, "iterations", path, default=3, minimum=1, maximum=10_000)
+
+    par_path = path + ("parallelism",)
+    par = c.mapping(doc.get("parallelism"), par_path, ("data", "pipeline", "tensor"))
+    pipeline = c.integer(par, "pipeline", par_path, default=1, minimum=1, maximum=1024)
+    tensor = c.integer(par, "tensor", par_path, default=1, minimum=1, maximum=16)
+    data = c.integer(par, "data", par_path, default=None, minimum=1, maximum=1024) if "data" in par else None
+    if pipeline not in (None, 1):
+        c.problem(par_path + ("pipeline",), "pipeline parallelism is not emulated yet; set pipeline: 1")
+    if tensor not in (None, 1):
+        c.problem(par_path + ("tensor",), "tensor parallelism (NVLink) is not emulated yet; set tensor: 1")
+    if gpus is not None and pipeline and tensor:
+        if data is None:
+            data = gpus // (pipeline * tensor) or 1
+        if data * pipeline * tensor != gpus:
+            c.problem(par_path, f"data x pipeline x tensor = {data * (pipeline or 1) * (tensor or 1)} must equal "
+                                f"the fabric's {gpus} GPUs")
+    if data is not None and data < 2:
+        c.problem(par_path + ("data",), "a data-parallel AllReduce needs at least 2 ranks")
+    mapping = doc.get("mapping", "sequential")
+    if isinstance(mapping, list):
+        names = [f"h{i}" for i in range(1, (gpus or 0) + 1)]
+        if gpus is not None and sorted(mapping, key=str) != sorted(names):
+            c.problem(path + ("mapping",), f"expected every GPU (h1 .. h{gpus}) exactly once, in rank order")
+            mapping = None
+        else:
+            mapping = tuple(mapping)
+    elif mapping not in MAPPINGS:
+        c.problem(path + ("mapping",), f"expected one of {', '.join(MAPPINGS)} or a list of GPUs in rank order, "
+                                       f"got {_show(mapping)}")
+        mapping = None
+
+    comp_path = path + ("compute",)
+    comp = c.mapping(doc.get("compute"), comp_path, ("forward", "backward"))
+    forward = c.unit(comp, "forward", comp_path, units.parse_duration_ns, default="20us")
+    backward = c.unit(comp, "backward", comp_path, units.parse_duration_ns, default="40us")
+
+    col_path = path + ("collective",)
+    col = c.mapping(doc.get("collective"), col_path, ("algorithm", "bytes", "bucket"))
+    algorithm = col.get("algorithm", "ring")
+    if algorithm in ALGORITHMS_LATER:
+        c.problem(col_path + ("algorithm",), f"{algorithm} is not emulated yet; this version has: "
+                                             f"{', '.join(ALGORITHMS)}")
+        algorithm = None
+    elif algorithm not in ALGORITHMS:
+        c.problem(col_path + ("algorithm",), f"expected one of {', '.join(ALGORITHMS + ALGORITHMS_LATER)}, "
+                                             f"got {_show(algorithm)}")
+        algorithm = None
+    bucket = c.unit(col, "bucket", col_path, units.parse_size_bytes, required=False)
+    model = doc.get("model")
+    gradient, source = None, "bytes"
+    if model is not None:
+        gradient, source = _model_gradient_bytes(c, model, path + ("model",), tensor, pipeline), "model"
+        if col.get("bytes") is not None:
+            c.problem(col_path + ("bytes",), "give either model (bytes derived from it) or collective.bytes, "
+                                             "not both (--set workload.collective.bytes=null drops a file's bytes)")
+    else:
+        gradient = c.unit(col, "bytes", col_path, units.parse_size_bytes, default="2MB")
+
+    tr_path = path + ("transport",)
+    tr = c.mapping(doc.get("transport"), tr_path, ("mtu", "dcqcn"))
+    mtu = tr.get("mtu", 4096)
+    if mtu not in RDMA_MTUS:
+        c.problem(tr_path + ("mtu",), f"expected an RDMA path MTU ({', '.join(map(str, RDMA_MTUS))}), "
+                                      f"got {_show(mtu)}")
+    dcqcn = tr.get("dcqcn", "on")
+    if dcqcn not in (True, False, "on", "off"):
+        c.problem(tr_path + ("dcqcn",), f"expected on or off, got {_show(dcqcn)}")
+    if doc.get("pipeline_schedule", "1f1b") not in ("gpipe", "1f1b"):
+        c.problem(path + ("pipeline_schedule",), f"expected gpipe or 1f1b, got {_show(doc.get('pipeline_schedule'))}")
+
+    if c.problems or None in (iterations, data, mapping, forward, backward, algorithm, gradient) or mtu not in RDMA_MTUS:
+        return None
+    buckets = split_buckets(gradient, bucket)
+    return Workload(name=str(name), description=str(description).strip(), iterations=iterations, data=data,
+                    pipeline=pipeline, tensor=tensor, mapping=mapping, forward_ns=forward, backward_ns=backward,
+                    algorithm=algorithm, allreduce_bytes=buckets, mtu_bytes=mtu, dcqcn=dcqcn in (True, "on"),
+                    gradient_bytes=gradient, gradient_source=source)
+
+
+def split_buckets(total_bytes: int, bucket_bytes: int | None) -> tuple:
+    """Gradients are AllReduced in buckets (PyTorch DDP: 25 MB by default): full buckets
+    and one remainder."""
+    if not bucket_bytes or bucket_bytes >= total_bytes:
+        return (total_bytes,)
+    full, rest = divmod(total_bytes, bucket_bytes)
+    return (bucket_bytes,) * full + ((rest,) if rest else ())
+
+
+def _model_gradient_bytes(c, model, path: tuple, tensor: int | None, pipeline: int | None) -> int | None:
+    """Gradient bytes one DP rank AllReduces per iteration: its shard of the parameters
+    (1 / (tensor x pipeline)) x bytes per gradient element."""
+    model = c.mapping(model, path, ("parameters", "precision"))
+    params = model.get("parameters")
+    count = _count(params)
+    if count is None:
+        c.problem(path + ("parameters",), f"expected a parameter count like 125M or 8B, got {_show(params)}")
+    precision = c.choice(model, "precision", path, tuple(PRECISION_BYTES), "bf16")
+    if count is None or precision is None or not tensor or not pipeline:
+        return None
+    return math.ceil(count * PRECISION_BYTES[precision] / (tensor * pipeline))
+
+
+def _count(value) -> int | None:
+    """``125M``, ``8B``, ``1.5K`` or a plain integer."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if not isinstance(value, str):
+        return None
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+    text = value.strip()
+    try:
+        n = float(text[:-1]) * scale[text[-1]] if text[-1:] in scale else float(text)
+    except ValueError:
+        return None
+    return int(n) if n >= 1 and math.isfinite(n) else None

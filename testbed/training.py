@@ -1,0 +1,198 @@
+"""Apply the training schedule: one GPU agent per host, started together, watched to the end.
+
+``Training`` is a context manager: it writes each agent's configuration (its ops from
+``schedule``, its peers, rates, dilation), starts the agents in their namespaces, waits
+until every one has its sockets open, hands all of them the same start time (a little
+in the future on CLOCK_MONOTONIC), and waits for every agent to finish its ops. On exit,
+normal or not, it closes their stdin (their signal to stop) and ends any that remain,
+by PID. ``summarise`` turns the agents' records into per-iteration and per-collective
+results beside the analytical ideal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import roce, schedule
+from .errors import RunError
+from .scenario import ROOT
+
+LOG = logging.getLogger(__name__)
+READY_TIMEOUT_S = 30
+START_MARGIN_S = 0.5
+EXIT_TIMEOUT_S = 10
+RTO_REAL_NS = 128_000  # retransmission timeout in real time (x dilation in the emulation)
+
+
+class Training:
+    def __init__(self, fabric, plan, workload, run_dir: Path, record, timing_slack: float = 1.0):
+        self.fabric, self.plan, self.workload, self.run_dir = fabric, plan, workload, run_dir
+        self.record, self.slack = record, timing_slack
+        self.ops = schedule.build(workload, plan.hosts)
+        self.procs = {}
+        self.records_dir = run_dir / "agents"
+        self.n = len(schedule.ranks(workload, plan.hosts))
+
+    # -- ideal -----------------------------------------------------------------------------
+    def ideal(self, link_delay_emulated: bool = False) -> dict:
+        """Real-time ideal of one iteration: compute + every bucket's ring AllReduce."""
+        link_bps = self.plan_link().rate_bps
+        latency_ns = self.max_ring_propagation_ns() if link_delay_emulated else 0
+        per_bucket = [schedule.ring_ideal_ns(b, self.n, link_bps, self.workload.mtu_bytes, latency_ns)
+                      for b in self.workload.allreduce_bytes]
+        return {"link_bps": link_bps, "step_latency_ns": latency_ns, "allreduce_ns": per_bucket,
+                "iteration_ns": self.workload.compute_ns + sum(per_bucket)}
+
+    def plan_link(self):
+        return self.plan.scenario.fabric.host_link
+
+    def max_ring_propagation_ns(self) -> int:
+        """Cable delay along the longest path between ring neighbours."""
+        order = schedule.ranks(self.workload, self.plan.hosts)
+        delay = {frozenset((link.a, link.b)): link.delay_ns for link in self.plan.fabric_links}
+        worst = 0
+        for i, a in enumerate(order):
+            path = self.plan.ecmp_paths(a, order[(i + 1) % len(order)], limit=1)[0]
+            names = [hop[0] if isinstance(hop, tuple) else hop for hop in path]
+            worst = max(worst, sum(delay.get(frozenset(pair), 0) for pair in zip(names, names[1:])))
+        return worst
+
+    # -- processes -------------------------------------------------------------------------
+    def __enter__(self):
+        self.records_dir.mkdir(exist_ok=True)
+        work = self.run_dir / "work"
+        work.mkdir(exist_ok=True)
+        hosts = {h.name: h for h in self.plan.hosts}
+        line_bps = self.plan_link().rate_bps
+        try:
+            for name, ops in schedule.to_json(self.ops).items():
+                h = hosts[name]
+                peers = {o.name: {"index": o.index, "mac": o.mac, "ip": o.addr} for o in self.plan.hosts
+                         if o.name != name}
+                cfg = {"gpu": name, "index": h.index, "intf": f"{name}-eth0", "mac": h.mac, "ip": h.addr,
+                       "peers": peers, "line_bps": line_bps, "dilation": self.plan.dilation.factor,
+                       "mtu_bytes": self.workload.mtu_bytes, "dcqcn": self.workload.dcqcn, "rto_ns": RTO_REAL_NS,
+                       "ops": ops, "records": str(self.records_dir / f"{name}.jsonl")}
+                path = work / f"agent-{name}.json"
+                path.write_text(json.dumps(cfg))
+                proc = self.fabric.host(name).popen([sys.executable, "-m", "testbed.agent", str(path)],
+                                                    cwd=str(ROOT), text=True, stdin=subprocess.PIPE,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                self.procs[name] = proc
+                self.record.add(processes=[proc.pid])
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            for name, proc in self.procs.items():
+                line = self._readline(proc, deadline, f"agent {name} to open its sockets")
+                if line.strip() != "ready":
+                    raise RunError(f"agent {name} did not start: {line.strip()} {self._stderr(proc)}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _readline(self, proc, deadline: float, what: str) -> str:
+        while True:
+            if proc.poll() is not None:
+                raise RunError(f"waiting for {what}: it exited with code {proc.returncode}: {self._stderr(proc)}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RunError(f"timed out after waiting for {what}")
+            readable, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+            if readable:
+                return proc.stdout.readline()
+
+    @staticmethod
+    def _stderr(proc) -> str:
+        if proc.poll() is None:
+            return ""
+        return (proc.stderr.read() or "").strip()[-2000:]
+
+    def train(self, timeout_s: float, on_progress=None) -> float:
+        """Start every agent on one deadline and wait until all are done; returns the start
+        time (CLOCK_MONOTONIC ns)."""
+        start_ns = time.monotonic_ns() + int(START_MARGIN_S * 1e9)
+        deadline_ns = start_ns + int(timeout_s * 1e9)
+        for proc in self.procs.values():
+            proc.stdin.write(f"{start_ns} {deadline_ns}\n")
+            proc.stdin.flush()
+        end = time.monotonic() + timeout_s + START_MARGIN_S + 5
+        for name, proc in self.procs.items():
+            line = self._readline(proc, end, f"agent {name} to finish its schedule")
+            if line.strip() != "done":
+                raise RunError(f"agent {name} failed: {line.strip()} {self._stderr(proc)}")
+            if on_progress:
+                on_progress(name)
+        return start_ns
+
+    def __exit__(self, *exc):
+        for proc in self.procs.values():
+            try:
+                if proc.stdin:
+                    proc.stdin.close()
+            except OSError:
+                pass
+        end = time.monotonic() + EXIT_TIMEOUT_S
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(timeout=max(0.1, end - time.monotonic()))
+            except Exception:
+                LOG.warning("agent %s (pid %d) did not exit; ending it", name, proc.pid)
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=EXIT_TIMEOUT_S)
+        return False
+
+
+def load_records(records_dir: Path) -> list:
+    out = []
+    for path in sorted(records_dir.glob("*.jsonl")):
+        with open(path) as f:
+            out += [json.loads(line) for line in f if line.strip()]
+    return out
+
+
+def summarise(records: list, workload, ideal: dict, dilation: float, n: int) -> dict:
+    """Per iteration: step time (real-fabric equivalent) vs ideal; per AllReduce: time from
+    the moment every rank had entered it to the last rank leaving it, vs the ring ideal,
+    and bus bandwidth (nccl-tests definition) vs the link rate."""
+    ops = [r for r in records if r.get("type") == "op"]
+    qps = [r for r in records if r.get("type") == "qp"]
+    iterations, collectives = [], []
+    for it in range(workload.iterations):
+        mine = [o for o in ops if o["iteration"] == it]
+        if not mine:
+            break
+        t0 = min(o["ready_ns"] for o in mine if o["kind"] == "compute")
+        t1 = max(o["end_ns"] for o in mine)
+        complete = len({o["gpu"] for o in mine if o["kind"] == "compute"}) == n
+        iterations.append({"iteration": it, "step_ns": (t1 - t0) / dilation, "ideal_ns": ideal["iteration_ns"],
+                           "ratio": (t1 - t0) / dilation / ideal["iteration_ns"], "complete": complete})
+        for b, size in enumerate(workload.allreduce_bytes):
+            col = [o for o in mine if o["collective"] == b]
+            firsts = {}
+            for o in col:
+                if o["kind"] == "send" and o["step"] == 0:
+                    firsts[o["gpu"]] = o["ready_ns"]
+            if len(firsts) < n:
+                continue
+            start, end = max(firsts.values()), max(o["end_ns"] for o in col)
+            elapsed = (end - start) / dilation
+            collectives.append({
+                "iteration": it, "collective": b, "algorithm": workload.algorithm, "bytes": size, "ranks": n,
+                "time_ns": elapsed, "ideal_ns": ideal["allreduce_ns"][b], "ratio": elapsed / ideal["allreduce_ns"][b],
+                "busbw_bps": schedule.bus_bandwidth_bps(size, n, elapsed),
+                "busbw_of_line": schedule.bus_bandwidth_bps(size, n, elapsed) / ideal["link_bps"]})
+    totals = {k: sum(q.get(k, 0) for q in qps) for k in ("packets_sent", "retransmitted", "timeouts", "naks_sent",
+                                                          "cnps_sent", "cnps_received", "ce_received", "dcqcn_cuts")}
+    return {"iterations": iterations, "collectives": collectives, "transport": totals, "ideal": ideal,
+            "header_bytes_per_packet": roce.HEADER_BYTES}

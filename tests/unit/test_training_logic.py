@@ -1,0 +1,157 @@
+"""Pure pieces of the emulated GPUs: the ring schedule, the RC transport, DCQCN."""
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from testbed import plan as planning, roce, scenario, schedule
+from testbed.agent.dcqcn import Params, ReactionPoint
+from testbed.agent.transport import RecvQP, SendQP, unwrap
+
+
+def default_plan(*sets):
+    return planning.build(scenario.load("default", list(sets)))
+
+
+def test_rail_mapping_walks_each_rail_across_servers():
+    p = default_plan()
+    assert schedule.ranks(p.scenario.workload, p.hosts) == ["h1", "h5", "h2", "h6", "h3", "h7", "h4", "h8"]
+    p = default_plan("workload.mapping=sequential")
+    assert schedule.ranks(p.scenario.workload, p.hosts) == [f"h{i}" for i in range(1, 9)]
+
+
+def test_chunks_cover_the_message_in_4_byte_units():
+    sizes = schedule.chunk_sizes(1_000_003, 8)
+    assert sum(sizes) >= 1_000_003 and sum(sizes) - 1_000_003 < 4 and all(s % 4 == 0 for s in sizes)
+
+
+def test_ring_schedule_is_consistent_and_every_rank_sees_every_chunk():
+    """Replay the plan: every send is matched by the neighbour's recv of the same size in the
+    same step; sends after step 0 wait for the previous step's recv; each rank's 2(n-1)
+    receives cover every chunk but its own twice over (reduce-scatter + all-gather)."""
+    p = default_plan("workload.iterations=2", "workload.collective.bytes=1000KB")
+    wl = p.scenario.workload
+    ops = schedule.build(wl, p.hosts)
+    order = schedule.ranks(wl, p.hosts)
+    n = len(order)
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for name, lst in ops.items():
+        by_id = {o.id: o for o in lst}
+        assert [o.id for o in lst] == list(range(len(lst)))
+        for o in lst:
+            assert all(d < o.id for d in o.deps)
+            if o.kind == "send":
+                sends[(name, o.peer)].append((o.iteration, o.step, o.bytes))
+                if o.step > 0:
+                    (dep,) = o.deps
+                    assert by_id[dep].kind == "recv" and by_id[dep].step == o.step - 1
+            elif o.kind == "recv":
+                recvs[(o.peer, name)].append((o.iteration, o.step, o.bytes))
+        assert sum(o.kind == "compute" for o in lst) == 2
+        assert sum(o.kind == "recv" for o in lst) == 2 * 2 * (n - 1)
+    assert sends == recvs  # matched in order, pair by pair
+    chunks = schedule.chunk_sizes(1_000_000, n)
+    chunks = schedule.chunk_sizes(1_000_000, 3)  # unequal chunks, so a wrong index shows
+    p = default_plan("workload.collective.bytes=1000000B", "fabric.servers=1", "fabric.gpus_per_server=3")
+    ops = schedule.build(p.scenario.workload, p.hosts)
+    order = schedule.ranks(p.scenario.workload, p.hosts)
+    for i, name in enumerate(order):
+        got = [o.bytes for o in ops[name] if o.kind == "recv" and o.iteration == 0]
+        # reduce-scatter: every chunk but its own (i); all-gather: every chunk but the one it
+        # finished reducing ((i + 1) mod n)
+        assert got[:2] == [chunks[(i - 1) % 3], chunks[(i - 2) % 3]]
+        assert got[2:] == [chunks[i], chunks[(i - 1) % 3]]
+
+
+def test_ring_ideal_and_bus_bandwidth():
+    # 8 ranks, 2 MB at 400G with 4096-byte payloads: 2 x 7/8 x 2 MB / (400G x 4096/4154)
+    t = schedule.ring_ideal_ns(2_000_000, 8, 400e9, 4096)
+    assert t == pytest.approx(1.75 * 2e6 * 8 / (400e9 * 4096 / 4154) * 1e9)
+    assert schedule.ring_ideal_ns(2_000_000, 8, 400e9, 4096, step_latency_ns=500) == pytest.approx(t + 14 * 500)
+    assert schedule.bus_bandwidth_bps(2_000_000, 8, t) == pytest.approx(400e9 * 4096 / 4154)
+
+
+def test_model_front_end_buckets_gradients():
+    p = default_plan("workload.model.parameters=125M", "workload.model.precision=bf16", "workload.collective.bytes=null",
+                     "workload.collective.bucket=100MB")
+    wl = p.scenario.workload
+    assert wl.gradient_bytes == 250_000_000 and wl.gradient_source == "model"
+    assert wl.allreduce_bytes == (100_000_000, 100_000_000, 50_000_000)
+
+
+def test_psn_unwrap_across_24_bits():
+    assert unwrap(5, 2 ** 24 - 3) == 2 ** 24 + 5
+    assert unwrap(2 ** 24 - 2, 2 ** 24 + 5) == 2 ** 24 - 2
+    assert unwrap(7, 7) == 7
+
+
+def _transfer(messages, drop, mtu=1024, rto=50):
+    """Drive a SendQP and a RecvQP over a lossy in-order channel until every message is
+    acknowledged; returns (received sizes, sender, receiver)."""
+    tx, rx = SendQP(mtu), RecvQP()
+    for size in messages:
+        tx.post(size)
+    now, acked = 0, []
+    while len(acked) < len(messages):
+        now += 1
+        assert now < 100_000, "transfer did not converge"
+        pkt = tx.peek()
+        if pkt is not None:
+            tx.sent(pkt, now)
+            if not drop(pkt):
+                reply, _ = rx.on_data(pkt.psn & roce.PSN_MASK, pkt.opcode, pkt.payload, pkt.ackreq)
+                if reply and reply[0] == "ack":
+                    acked += tx.on_ack(reply[1], now)
+                elif reply:
+                    acked += tx.on_nak(reply[1], now)
+        tx.check_timeout(now, rto)
+    return rx.messages, tx, rx
+
+
+def test_transport_delivers_in_order_without_loss():
+    got, tx, rx = _transfer([5000, 1024, 1, 0, 3000], drop=lambda p: False)
+    assert got == [5000, 1024, 1, 0, 3000]
+    assert tx.retransmitted == 0 and rx.naks_sent == 0 and not tx.unacked
+
+
+def test_transport_go_back_n_recovers_every_loss_pattern():
+    rng = random.Random(7)
+    got, tx, rx = _transfer([20_000] * 20, drop=lambda p: rng.random() < 0.1)
+    assert got == [20_000] * 20
+    assert tx.retransmitted > 0 and rx.naks_sent > 0 and rx.out_of_order > 0
+
+
+def test_transport_tail_loss_needs_the_timeout():
+    dropped = set()
+
+    def drop_last_once(p):
+        if p.last and p.psn not in dropped:
+            dropped.add(p.psn)
+            return True
+        return False
+
+    got, tx, rx = _transfer([4096], drop=drop_last_once)
+    assert got == [4096] and tx.timeouts == 1 and rx.naks_sent == 0
+
+
+def test_dcqcn_cuts_on_cnp_and_recovers():
+    rp = ReactionPoint(400e9, 0, Params())
+    rp.on_cnp(10)
+    assert rp.rate_bps == 200e9  # alpha starts at 1: cut by half (the 50 % floor)
+    rp.on_cnp(1000)  # within rate_reduce_monitor_period (4 us): no second cut
+    assert rp.rate_bps == 200e9 and rp.cuts == 1
+    rp.on_cnp(5000)
+    assert rp.rate_bps < 200e9 and rp.cuts == 2
+    low = rp.rate_bps
+    for t in range(5000, 50_000_000, 100_000):  # no more CNPs: timers and bytes bring it back
+        rp.tick(t)
+        rp.on_sent(200_000, t)
+    assert rp.rate_bps == 400e9 and rp.alpha < 0.1
+    assert low < rp.rate_bps
+
+
+def test_dcqcn_off_ignores_cnps():
+    rp = ReactionPoint(400e9, 0, Params(), enabled=False)
+    rp.on_cnp(10)
+    assert rp.rate_bps == 400e9 and rp.cnps == 1
