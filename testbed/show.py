@@ -71,6 +71,8 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
         out.append(f"  {len(intfs):3} ports at {format_rate(rate)}: buffer {format_size(buf)}, {ecn}, "
                    f"PFC headroom {format_size(head)} (formula {format_size(formula)})")
     out.append("")
+    if sc.workload is not None:
+        out += _workload(plan, sc.workload) + [""]
     if pair is None:
         first, last = plan.hosts[0], plan.hosts[-1]
         pair = (first.name, last.name) if len(plan.hosts) > 1 else None
@@ -104,3 +106,34 @@ def _pfc(q) -> str:
     p = q.pfc
     parts = [(k, v) for k, v in (("xoff", p.xoff_bytes), ("xon", p.xon_bytes), ("headroom", p.headroom_bytes))]
     return " ".join(f"{k} {format_size(v) if v is not None else 'derived'}" for k, v in parts)
+
+
+def _workload(plan, wl) -> list:
+    """Ranks on GPUs and what every AllReduce step sends where, fabric vs NVLink bytes."""
+    from . import schedule
+    from .units import format_duration
+
+    order = schedule.ranks(wl, plan.hosts)
+    n = len(order)
+    out = [f"workload {wl.name}: {wl.iterations} iterations; compute {format_duration(wl.compute_ns)} "
+           f"(forward {format_duration(wl.forward_ns)} + backward {format_duration(wl.backward_ns)}); "
+           f"DP {wl.data} x PP {wl.pipeline} x TP {wl.tensor}; gradients {format_size(wl.gradient_bytes)} "
+           f"({wl.gradient_source}) in {len(wl.allreduce_bytes)} {wl.algorithm} AllReduce(s); "
+           f"RoCE MTU {wl.mtu_bytes}; DCQCN {'on' if wl.dcqcn else 'off'}"]
+    mapping = wl.mapping if isinstance(wl.mapping, str) else "explicit list"
+    out.append(f"  ranks ({mapping}):")
+    for r, name in enumerate(order):
+        h = plan.host(name)
+        right = order[(r + 1) % n]
+        hops = len(plan.ecmp_paths(name, right, limit=1)[0]) - 2
+        out.append(f"    rank {r:<3} {name:5} server {h.server} GPU {h.local_rank} on {h.leaf:8} sends to "
+                   f"rank {(r + 1) % n} ({right}, {hops} switch{'es' if hops != 1 else ''})")
+    for b, size in enumerate(wl.allreduce_bytes):
+        chunks = schedule.chunk_sizes(size, n)
+        per_gpu = 2 * (n - 1) * max(chunks)
+        out.append(f"  AllReduce {b} of {format_size(size)}: {2 * (n - 1)} steps (reduce-scatter {n - 1}, "
+                   f"all-gather {n - 1}); each step every rank sends one chunk of {format_size(max(chunks))} "
+                   f"to its right neighbour")
+        out.append(f"    per iteration: {format_size(per_gpu)} per GPU on the fabric, {format_size(per_gpu * n)} "
+                   f"in all; 0 B on NVLink (tensor parallelism is not emulated yet)")
+    return out

@@ -39,7 +39,9 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     seen = {}
     result = run.run(scenario.load("default"), run.RunOptions(
         results_dir=tmp_path, hook=lambda ctx: seen.update(_live_record())))
-    assert len(seen["processes"]) == 8 + 1 + 1  # GPU host shells, Mininet's controller node, our controller
+    # GPU host shells, Mininet's controller node, our controller, then the 8 GPU agents (the
+    # hook runs after training)
+    assert len(seen["processes"]) == 8 + 1 + 1 + 8
     _all_gone(seen)
     m = manifest(result.run_dir)
     assert m["status"] == "ok", m["reason"]
@@ -52,6 +54,7 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     events = [json.loads(line) for line in (result.run_dir / "controller-events.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "switch_ready" for e in events) == 6
     assert not (registry.REGISTRY_DIR / f"{m['run_id']}.json").exists()
+    assert m["training"]["iterations"] == 3 and (result.run_dir / "training.json").exists()
 
 
 def _bucket_packets(switch: str, group_id: int) -> list[int]:
