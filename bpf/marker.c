@@ -12,6 +12,12 @@
  *   ECT and kmin < depth < kmax    -> mark CE with probability pmax * (depth-kmin)/(kmax-kmin)
  * kmin == kmax is DCTCP step marking; ECN off is kmin = kmax = 2^64-1.
  *
+ * Two traffic classes per port (the veths have two TX queues under an mq root): IPv4
+ * packets with DSCP 48 (CNPs, ACKs: the control class) go to TX queue 1, which is never
+ * paused and not modelled here (only counted); everything else goes to TX queue 0, the
+ * lossless RoCE data class behind the TBF that this program models. While user space has
+ * paused the data class (PFC: cfg.paused), the shadow queue does not drain.
+ *
  * Two maps, keyed by ifindex, so one loaded program serves every port of a run (the run
  * pins program and maps under its own bpffs folder) and neither side ever overwrites
  * what the other counts:
@@ -31,6 +37,10 @@
 #define ECN_MASK 0x3
 #define ECN_CE 0x3
 #define MAX_ELAPSED_NS 10000000000ULL
+#define DSCP_CONTROL 48
+/* skb->queue_mapping written by tc BPF is the TX queue + 1 (0 lets the kernel pick) */
+#define QUEUE_DATA 1
+#define QUEUE_CONTROL 2
 
 struct cfg {
 	__u64 rate_bps;      /* emulated port rate (bits per second) */
@@ -40,6 +50,7 @@ struct cfg {
 	__u64 kmax_bytes;    /* every ECT packet is marked at or above this depth */
 	__u64 pmax;          /* marking probability at kmax, scaled to 2^32 */
 	__u64 epoch;         /* bumped by user space at each read of max depth */
+	__u64 paused;        /* non-zero while PFC pauses the data class: no drain */
 };
 
 struct state {
@@ -54,6 +65,7 @@ struct state {
 	__u64 max_depth_bytes;      /* in epoch 'epoch' */
 	__u64 epoch;
 	__u64 prev_max_depth_bytes; /* in epoch 'epoch' - 1 */
+	__u64 control_packets;      /* sent in the control class (not queued here) */
 	struct bpf_spin_lock lock;
 };
 
@@ -112,7 +124,7 @@ int marker(struct __sk_buff *skb)
 	struct iphdr *ip;
 	__u64 len = skb->len, depth, span, now, epoch, rate, burst, buffer, kmin, kmax, pmax;
 	__u32 draw;
-	int is_ect = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop */
+	int is_ect = 0, is_control = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop */
 
 	if (!c)
 		return TC_ACT_OK;
@@ -124,7 +136,7 @@ int marker(struct __sk_buff *skb)
 			return TC_ACT_OK;
 	}
 	/* settings are read once, outside the lock (user space may rewrite them) */
-	rate = c->rate_bps;
+	rate = c->paused ? 0 : c->rate_bps;
 	burst = c->burst_bytes;
 	buffer = c->buffer_bytes;
 	kmin = c->kmin_bytes;
@@ -137,8 +149,16 @@ int marker(struct __sk_buff *skb)
 	eth = data;
 	if ((void *)(eth + 1) <= data_end && eth->h_proto == bpf_htons(ETH_P_IP)) {
 		ip = (void *)(eth + 1);
-		if ((void *)(ip + 1) <= data_end && (ip->tos & ECN_MASK))
-			is_ect = 1;
+		if ((void *)(ip + 1) <= data_end) {
+			is_ect = (ip->tos & ECN_MASK) != 0;
+			is_control = (ip->tos >> 2) == DSCP_CONTROL;
+		}
+	}
+	/* one store through the context pointer (the verifier refuses a derived one) */
+	skb->queue_mapping = is_control ? QUEUE_CONTROL : QUEUE_DATA;
+	if (is_control) {
+		__sync_fetch_and_add(&s->control_packets, 1);
+		return TC_ACT_OK;
 	}
 	draw = bpf_get_prandom_u32();
 	now = bpf_ktime_get_ns(); /* no helper calls while holding the lock */

@@ -57,6 +57,36 @@ class NVLinkBridge(Switch):
         super().stop(deleteIntfs)
 
 
+class TwoQueueLink(MnLink):
+    """Mininet's veth link with two TX (and RX) queues per end: switch ports keep the
+    lossless data class and the control class in separate queues (an mq root with one
+    qdisc per queue), so pausing one never holds the other."""
+
+    TX_QUEUES = 2
+
+    @classmethod
+    def makeIntfPair(cls, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None,  # noqa: N802
+                     deleteIntfs=True):  # noqa: N803 - Mininet's names
+        run1 = node1.cmd if node1 else None
+        run2 = node2.cmd if node2 else None
+        if deleteIntfs:
+            for run, name in ((run1, intfname1), (run2, intfname2)):
+                (run or _quiet)(f"ip link del {name}")
+        q = f"numtxqueues {cls.TX_QUEUES} numrxqueues {cls.TX_QUEUES}"
+        a1 = f" address {addr1}" if addr1 else ""
+        a2 = f" address {addr2}" if addr2 else ""
+        netns = node2.pid if node2 else 1
+        out = (run1 or _quiet)(f"ip link add name {intfname1} {q}{a1} type veth peer name {intfname2} {q}{a2} "
+                               f"netns {netns}")
+        if out:
+            raise RunError(f"creating the link {intfname1} - {intfname2} failed: {out.strip()}")
+
+
+def _quiet(cmd: str) -> str:
+    done = subprocess.run(cmd.split(), capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+    return done.stdout + done.stderr
+
+
 def _ip(args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=CMD_TIMEOUT_S, check=check)
 
@@ -120,7 +150,7 @@ class MininetFabric:
         self.record.add(bridges=bridges, interfaces=root_interfaces(self.plan))
         setLogLevel("error")
         try:
-            self.net = Mininet(topo=build_topo(self.plan, self.datapath), switch=OVSSwitch, link=MnLink,
+            self.net = Mininet(topo=build_topo(self.plan, self.datapath), switch=OVSSwitch, link=TwoQueueLink,
                                controller=None, autoSetMacs=False, autoStaticArp=False, build=False,
                                waitConnected=False)
             self.net.addController(ExternalController("c0", ip="127.0.0.1", port=self.controller_port))

@@ -39,13 +39,13 @@ FIFO_SLACK_MTUS = 2
 ECN_OFF = 2 ** 64 - 1
 PMAX_ONE = 2 ** 32
 
-# bpf/marker.c: struct cfg (7 x u64) and struct state (11 x u64 + spin lock, padded)
-CFG_FORMAT = "=7Q"
+# bpf/marker.c: struct cfg (8 x u64) and struct state (12 x u64 + spin lock, padded)
+CFG_FORMAT = "=8Q"
 CFG_SIZE = struct.calcsize(CFG_FORMAT)
-STATE_FORMAT = "=11Q8x"
+STATE_FORMAT = "=12Q8x"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
 STATE_FIELDS = ("depth_bytes", "tokens_bytes", "last_ns", "packets", "bytes", "ect", "marked", "drops",
-                "max_depth_bytes", "epoch", "prev_max_depth_bytes")
+                "max_depth_bytes", "epoch", "prev_max_depth_bytes", "control_packets")
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def plan_queues(plan) -> tuple:
     return tuple(sorted(out, key=lambda pq: (pq.switch, pq.port)))
 
 
-def marker_cfg(pq: PortQueue, epoch: int = 0) -> bytes:
+def marker_cfg(pq: PortQueue, epoch: int = 0, paused: bool = False) -> bytes:
     """``struct cfg`` of bpf/marker.c for a port."""
     if pq.ecn:
         kmin, kmax, pmax = pq.kmin_bytes, pq.kmax_bytes, int(round(pq.pmax * PMAX_ONE))
@@ -124,7 +124,7 @@ def marker_cfg(pq: PortQueue, epoch: int = 0) -> bytes:
         kmin = kmax = ECN_OFF
         pmax = 0
     return struct.pack(CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes, pq.buffer_bytes, kmin, kmax, pmax,
-                       epoch)
+                       epoch, int(paused))
 
 
 def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> float:

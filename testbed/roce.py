@@ -10,7 +10,8 @@ patched bytes against Scapy's own build of the same packet, ICRC included.
 Wire choices (the usual RoCE deployment):
 - data: DSCP 26 (the lossless class) with ECT(0), UDP checksum 0 (RoCEv2), DF set;
 - ACK/NAK: BTH opcode RC ACKNOWLEDGE + AETH (syndrome 0x1F = ACK, 0x60 = NAK PSN
-  sequence error), same class as data;
+  sequence error), in the control class (DSCP 48), so a paused data class never holds
+  the acknowledgements that would drain it;
 - CNP: BTH opcode 0x81 + 16 reserved bytes, DSCP 48 (NVIDIA's ``cnp_dscp`` default),
   not ECN-capable, so it is never marked and belongs to the control class.
 """
@@ -30,6 +31,7 @@ ROCE_UDP_PORT = 4791
 ECT0, CE = 0b10, 0b11
 DSCP_DATA = 26
 DSCP_CNP = 48
+DSCP_CONTROL = DSCP_CNP  # the switch ports' control class (bpf/marker.c)
 
 OP_SEND_FIRST = 0x00
 OP_SEND_MIDDLE = 0x01

@@ -63,6 +63,7 @@ class RunOptions:
     datapath: str | None = None  # overrides the scenario's
     hook: object = None  # callable(RunContext) run after reachability (tests and labs use it)
     train: bool = True  # run the scenario's workload (if it has one) after reachability
+    before_training: object = None  # callable(RunContext) run after reachability, before training
 
 
 @dataclass
@@ -172,6 +173,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
     LOG.info("run %s: %d GPUs, %d switches, %s datapath, dilation %g", run_id, len(plan.hosts),
              len(plan.switches), datapath, plan.dilation.factor)
     status, reason = "failed", ""
+    pfcd = None
     t_start = time.monotonic()
     timings = manifest["timings_s"]
     try:
@@ -190,11 +192,18 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             from .egress import EgressQueues  # pyroute2 and the BPF marker, only for a run
 
             egress = stack.enter_context(EgressQueues(plan, run_id))
+            if any(pq.pfc for pq in egress.ports):
+                from .pfcd import PfcDaemon
+
+                pfcd = stack.enter_context(PfcDaemon(plan, egress, run_dir, record))
             # runs first when the stack unwinds: marks the start of teardown
             stack.callback(lambda: timings.__setitem__("teardown_started", time.monotonic()))
             timings["fabric_up"] = round(time.monotonic() - t0, 3)
             manifest["queues"] = {"ports": len(egress.ports), "shaper": "tbf", "marker": "bpf clsact egress",
-                                  "pins": str(egress.marker.dir), "pfc": "not applied yet"}
+                                  "pins": str(egress.marker.dir), "classes": "data (TX queue 0, TBF) + control "
+                                  "(DSCP 48, TX queue 1)",
+                                  "pfc": "802.1Qbb frames from congested queues to their feeders (switch ports "
+                                         "and GPU NICs), testbed.pfcd" if pfcd else "off"}
             ready = ctl.wait_fabric_ready(len(plan.switches), FABRIC_READY_TIMEOUT_S)
             timings["flows_installed"] = round(time.monotonic() - t0, 3)
             LOG.info("fabric up in %.1fs; controller programmed %d switches (%d flows, %d groups); "
@@ -207,6 +216,8 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             write_manifest(run_dir, manifest)
             LOG.info("reachability: all %d GPU pairs answered over the planned number of hops",
                      manifest["reachability"]["pairs"])
+            if options.before_training:
+                options.before_training(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
             if scenario.workload is not None and options.train:
                 manifest["training"] = _train(fab, plan, scenario.workload, run_dir, record, ctl, timings)
                 write_manifest(run_dir, manifest)
@@ -223,6 +234,8 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
                     ctl.check_alive()
                     time.sleep(min(0.2, max(0.0, hold_until - time.monotonic())))
             ctl.check_alive()
+            if pfcd is not None:
+                pfcd.check_alive()
             status = "ok"
     except KeyboardInterrupt:
         status, reason = "interrupted", "SIGINT (Ctrl-C)"
@@ -240,6 +253,12 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
         if "teardown_started" in timings:
             timings["teardown"] = round(time.monotonic() - timings.pop("teardown_started"), 3)
         timings["total"] = round(time.monotonic() - t_start, 3)
+        if pfcd is not None:
+            manifest["pfc"] = p = pfcd.totals()
+            LOG.info("PFC: %d pause frames sent (%d XOFF), %d received; paused %s in all (real time) on %d "
+                     "ports; headroom high-water %s; %d drops", p["frames_sent"], p["xoff_sent"],
+                     p["frames_received"], units.format_duration(plan.dilation.real_duration_ns(p["paused_ns"])),
+                     len(p["paused_ports"]), units.format_size(p["headroom_high_water_bytes"]), p["drops"])
         manifest.update(status=status, reason=reason, ended_utc=datetime.now(timezone.utc).isoformat())
         write_manifest(run_dir, manifest)
         LOG.info("run %s %s%s; results in %s", run_id, status, f" ({reason})" if reason else "",

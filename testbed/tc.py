@@ -1,8 +1,11 @@
 """Traffic control on switch ports through netlink (the only pyroute2 import).
 
-Per port: a TBF at the emulated port rate with a byte FIFO (root qdisc), and the
-marker program on the clsact egress hook, attached by the file descriptor of the
-run's pinned program (loaded once, shared by every port). Qdiscs and filters go
+Per port (a veth with two TX queues): an ``mq`` root; under it, queue 0 (the lossless
+data class) gets a TBF at the emulated port rate with a byte FIFO, queue 1 (the control
+class: CNPs, ACKs) keeps the kernel's default FIFO (1000 packets, never paused); and the marker program on the clsact egress hook,
+attached by the file descriptor of the run's pinned program (loaded once, shared by every
+port), which picks the queue per packet. PFC pauses the data class by turning its TBF's
+rate down to ``PAUSED_RATE_BPS`` and back (lossless and in order, ~1 ms a change). Qdiscs and filters go
 away with their interface, so the fabric's teardown removes them. Counters are read
 with one RTM_GETQDISC per port over a raw netlink socket (pyroute2 dumps every qdisc
 of the machine per call: ~1.6 ms against ~7 us).
@@ -22,7 +25,10 @@ from .errors import RunError
 TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 TC_H_ROOT = 0xFFFFFFFF
 NETLINK_TIMEOUT_S = 5
-TBF_HANDLE = 0x10000
+MQ_HANDLE = 0x10000  # 1:
+TBF_HANDLE = 0x100000  # 10:, under 1:1 (TX queue 0, the data class)
+TBF_PARENT = 0x10001
+PAUSED_RATE_BPS = 8000  # pyroute2 cannot encode less than 64 bit/s; a few kbit/s holds the queue
 # rtnetlink wire format for one RTM_GETQDISC (pyroute2 dumps every qdisc: ~1 ms a read)
 RTM_NEWQDISC, RTM_GETQDISC, NLMSG_ERROR = 36, 38, 2
 NLM_F_REQUEST, NLM_F_ECHO = 1, 8  # a single-qdisc GET answers only with ECHO
@@ -30,7 +36,7 @@ TCA_KIND, TCA_STATS2 = 1, 7
 TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
 
 
-def qdisc_request(seq: int, ifindex: int, handle: int = TBF_HANDLE, parent: int = TC_H_ROOT) -> bytes:
+def qdisc_request(seq: int, ifindex: int, handle: int = TBF_HANDLE, parent: int = TBF_PARENT) -> bytes:
     """nlmsghdr + tcmsg asking for one qdisc."""
     tcm = struct.pack("=BxxxiIII", socket.AF_UNSPEC, ifindex, handle, parent, 0)
     return struct.pack("=IHHII", 16 + len(tcm), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_ECHO, seq, 0) + tcm
@@ -96,11 +102,13 @@ class PortTc:
         return self._ifindex[intf]
 
     def apply(self, intf: str, rate_bps: float, burst_bytes: int, limit_bytes: int, prog_fd: int | None) -> int:
-        """TBF root qdisc and (when ``prog_fd``) the marker on egress. Returns the ifindex."""
+        """mq root, TBF on the data queue (the control queue keeps its default FIFO), and
+        (when ``prog_fd``) the marker on egress. Returns the ifindex."""
         idx = self.ifindex(intf)
         try:
-            self.ipr.tc("replace", "tbf", idx, 0x10000, rate=f"{int(rate_bps)}bit", burst=burst_bytes,
-                        limit=limit_bytes)
+            self.ipr.tc("replace", "mq", idx, MQ_HANDLE, parent=TC_H_ROOT)
+            self.ipr.tc("replace", "tbf", idx, TBF_HANDLE, parent=TBF_PARENT, rate=f"{int(rate_bps)}bit",
+                        burst=burst_bytes, limit=limit_bytes)
         except NetlinkError as exc:
             raise RunError(f"tc on {intf} failed: {exc}") from None
         if prog_fd is not None:
@@ -117,8 +125,17 @@ class PortTc:
         except NetlinkError as exc:
             raise RunError(f"attaching the marker to {intf} failed: {exc}") from None
 
+    def set_rate(self, intf: str, rate_bps: float, burst_bytes: int, limit_bytes: int):
+        """Change the data class's TBF rate (PFC pause and resume)."""
+        try:
+            self.ipr.tc("change", "tbf", self.ifindex(intf), TBF_HANDLE, parent=TBF_PARENT,
+                        rate=f"{int(rate_bps)}bit", burst=burst_bytes, limit=limit_bytes)
+        except NetlinkError as exc:
+            raise RunError(f"changing the rate on {intf} failed: {exc}") from None
+
     def qdisc_stats(self, intf: str) -> dict:
-        """The TBF's own counters: backlog (bytes), bytes/packets sent, drops, overlimits."""
+        """The data class TBF's own counters: backlog (bytes), bytes/packets sent, drops,
+        overlimits."""
         self.seq += 1
         self.nl.sendto(qdisc_request(self.seq, self.ifindex(intf)), (0, 0))
         while True:
@@ -130,5 +147,5 @@ class PortTc:
         except OSError as exc:
             raise RunError(f"no tbf qdisc on {intf}: {exc.strerror}") from None
         if stats.get("kind") != "tbf":
-            raise RunError(f"no tbf qdisc on {intf} (root is {stats.get('kind')})")
+            raise RunError(f"no tbf qdisc on {intf} (found {stats.get('kind')})")
         return stats

@@ -194,5 +194,8 @@ def summarise(records: list, workload, ideal: dict, dilation: float, n: int) -> 
                 "busbw_of_line": schedule.bus_bandwidth_bps(size, n, elapsed) / ideal["link_bps"]})
     totals = {k: sum(q.get(k, 0) for q in qps) for k in ("packets_sent", "retransmitted", "timeouts", "naks_sent",
                                                           "cnps_sent", "cnps_received", "ce_received", "dcqcn_cuts")}
+    nics = [r for r in records if r.get("type") == "nic"]
+    totals["pause_frames_received"] = sum(n.get("pause_frames_received", 0) for n in nics)
+    totals["paused_real_ns"] = sum(n.get("paused_ns", 0) for n in nics) / dilation
     return {"iterations": iterations, "collectives": collectives, "transport": totals, "ideal": ideal,
             "header_bytes_per_packet": roce.HEADER_BYTES}

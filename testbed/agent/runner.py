@@ -23,7 +23,7 @@ import sys
 import time
 from collections import defaultdict, deque
 
-from .. import roce
+from .. import pfc, roce
 from ..units import Dilation
 from .dcqcn import Params, ReactionPoint
 from .transport import RecvQP, SendQP
@@ -57,6 +57,12 @@ class Agent:
         self.rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
         self.rx.bind((cfg["ip"], roce.ROCE_UDP_PORT))
         self.rx.setblocking(False)
+        # PFC from the leaf: the NIC stops the data class (control frames still go)
+        self.pause = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(pfc.ETH_TYPE_MAC_CONTROL))
+        self.pause.bind((cfg["intf"], pfc.ETH_TYPE_MAC_CONTROL))
+        self.pause.setblocking(False)
+        self.paused_until_ns = 0
+        self.paused_since_ns = None
         self.sendq, self.recvq, self.rp, self.tmpl = {}, {}, {}, {}
         self.next_tx_ns, self.last_cnp_ns = {}, {}
         for name, p in self.peers.items():
@@ -65,7 +71,7 @@ class Agent:
             sport = roce.udp_source_port(mine, theirs)
             self.tmpl[name] = {
                 "data": {}, "peer": peer, "sport": sport, "dqpn": theirs,
-                "ack": roce.FrameTemplate(self.me, peer, sport, theirs, roce.AETH_LEN, roce.DSCP_DATA, 0),
+                "ack": roce.FrameTemplate(self.me, peer, sport, theirs, roce.AETH_LEN, roce.DSCP_CONTROL, 0),
                 "cnp": roce.FrameTemplate(self.me, peer, sport, theirs, roce.CNP_PAD_LEN, roce.DSCP_CNP, 0),
             }
             self.sendq[name], self.recvq[name] = SendQP(self.mtu), RecvQP()
@@ -182,12 +188,18 @@ class Agent:
                 q = self.sendq[name]
                 if q.check_timeout(now, int(self.d.duration_ns(self.rto_real_ns))):
                     self.record(type="timeout", t_ns=now, peer=name)
-            # 4. transmit: one packet per eligible QP per pass, the NIC at line rate
+            # 4. transmit: one packet per eligible QP per pass, the NIC at line rate, unless
+            # the leaf has paused the data class (PFC)
             next_wake = min(compute_end.values(), default=now + 50_000_000)
+            self.receive_pause(now)
+            if now < self.paused_until_ns:
+                next_wake = min(next_wake, self.paused_until_ns)
+            else:
+                self.resume(now)
             line_gap = self.emulated_gap_ns(roce.wire_bytes(self.mtu), self.line_bps)
             slack = 2 * line_gap
             for name, q in self.sendq.items():
-                if not q.has_pending():
+                if not q.has_pending() or now < self.paused_until_ns:
                     continue
                 ready_ns = max(self.next_tx_ns[name], self.nic_free_ns)
                 if ready_ns > now:
@@ -218,9 +230,35 @@ class Agent:
                     next_wake = min(next_wake, self.start_ns + int(self.d.duration_ns(min(active))))
             timeout = max(0.0, (next_wake - time.monotonic_ns()) / 1e9)
             if timeout > 0:
-                select.select([self.rx], [], [], min(timeout, 0.05))
+                select.select([self.rx, self.pause], [], [], min(timeout, 0.05))
         self._rx_state = (send_msg, arrivals, match_recv, finish)
         return 0
+
+    def receive_pause(self, now: int):
+        while True:
+            try:
+                data = self.pause.recv(256)
+            except BlockingIOError:
+                return
+            parsed = pfc.parse(data)
+            if parsed is None or pfc.LOSSLESS_PRIORITY not in parsed[1]:
+                continue
+            quanta = parsed[1][pfc.LOSSLESS_PRIORITY]
+            self.counters["nic"]["pause_frames_received"] += 1
+            if quanta:
+                self.paused_until_ns = now + int(self.d.duration_ns(pfc.pause_ns(quanta, self.line_bps)))
+                if self.paused_since_ns is None:
+                    self.paused_since_ns = now
+                    self.record(type="paused", t_ns=now)
+            else:
+                self.paused_until_ns = 0
+                self.resume(now)
+
+    def resume(self, now: int):
+        if self.paused_since_ns is not None:
+            self.counters["nic"]["paused_ns"] += now - self.paused_since_ns
+            self.paused_since_ns = None
+            self.record(type="resumed", t_ns=now)
 
     def linger(self, control):
         """Every op is done; peers may still retransmit into us (a lost ACK): keep answering

@@ -39,9 +39,9 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     seen = {}
     result = run.run(scenario.load("default"), run.RunOptions(
         results_dir=tmp_path, hook=lambda ctx: seen.update(_live_record())))
-    # GPU host shells, Mininet's controller node, our controller, then the 8 GPU agents (the
-    # hook runs after training)
-    assert len(seen["processes"]) == 8 + 1 + 1 + 8
+    # GPU host shells, Mininet's controller node, our controller, the PFC process, then the
+    # 8 GPU agents (the hook runs after training)
+    assert len(seen["processes"]) == 8 + 1 + 1 + 1 + 8
     _all_gone(seen)
     m = manifest(result.run_dir)
     assert m["status"] == "ok", m["reason"]

@@ -3,12 +3,14 @@
 import json
 import os
 import re
+import signal
 import subprocess
 
 import pytest
 import yaml
 
 from testbed import run, scenario
+from testbed.process import wait_for
 from testbed.training import load_records
 
 pytestmark = pytest.mark.integration
@@ -91,3 +93,37 @@ def test_small_lossy_buffer_drops_cause_naks_and_retransmissions(tmp_path, clean
     assert t["retransmitted"] > 0 and t["naks_sent"] > 0 and t["ce_received"] == 0
     (c,) = summary["collectives"]
     assert c["ratio"] > 1.5  # 2:1 oversubscription at best, and the losses on top
+
+
+def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
+    """The same congested ring with PFC on and no ECN: queues pass XOFF, switches send
+    802.1Qbb frames upstream (to switch ports and GPU NICs), and not one packet is lost or
+    retransmitted; tshark decodes the frames captured on the GPUs' links as PFC, priority 3."""
+    procs = {}
+
+    def start_capture(ctx):
+        # on h1's and h5's NICs: whichever leaf's uplinks congest, it pauses all its GPUs
+        for h in ("h1", "h5"):
+            pcap = tmp_path / f"{h}.pcap"
+            procs[h] = ctx.fabric.host(h).popen(["tcpdump", "-i", f"{h}-eth0", "-U", "-w", str(pcap),
+                                                 "ether", "proto", "0x8808"])
+            wait_for(pcap.exists, 10, f"tcpdump on {h} to open its capture file")
+
+    def stop_capture(ctx):
+        for proc in procs.values():
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=30)
+
+    sc = scenario.load(write_scenario(tmp_path, buffer="400KB", ecn="off", pfc={}),
+                       ["workload.transport.dcqcn=off"])
+    result = run.run(sc, run.RunOptions(results_dir=tmp_path, before_training=start_capture, hook=stop_capture))
+    assert result.status == "ok", result.reason
+    t = json.loads((result.run_dir / "training.json").read_text())["transport"]
+    p = result.manifest["pfc"]
+    assert p["xoff_sent"] > 0 and p["drops"] == 0, p
+    assert t["retransmitted"] == 0 and t["naks_sent"] == 0 and t["timeouts"] == 0, t
+    assert t["pause_frames_received"] > 0 and t["paused_real_ns"] > 0  # GPU NICs were paused too
+    decoded = "".join(subprocess.run(["tshark", "-r", str(tmp_path / f"{h}.pcap"), "-V"], capture_output=True,
+                                     text=True, timeout=60, check=True).stdout for h in procs)
+    assert "Opcode: Class Based Flow Control [CBFC] Pause (0x0101)" in decoded, decoded[:500]
+    assert "CBFC Class Enable Vector: 0x0008, C3" in decoded  # priority 3 only: the data class

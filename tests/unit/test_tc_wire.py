@@ -9,10 +9,10 @@ from testbed import tc
 
 def test_request_golden_bytes():
     # nlmsghdr: len 36, RTM_GETQDISC (38), NLM_F_REQUEST|NLM_F_ECHO, seq 7, pid 0
-    # tcmsg: AF_UNSPEC, ifindex 42, handle 1:0, parent root, info 0
+    # tcmsg: AF_UNSPEC, ifindex 42, handle 10:0 (the data class's TBF), parent 1:1, info 0
     assert tc.qdisc_request(7, 42) == bytes.fromhex(
         "24000000" "2600" "0900" "07000000" "00000000"
-        "00000000" "2a000000" "00000100" "ffffffff" "00000000")
+        "00000000" "2a000000" "00001000" "01000100" "00000000")
 
 
 def _attr(kind: int, value: bytes) -> bytes:

@@ -1,0 +1,286 @@
+"""The switches' PFC: real 802.1Qbb frames between switch ports, pausing the data class.
+
+One process per run in the root namespace (where every switch port lives), started by
+``PfcDaemon``. Every ``POLL_S`` it reads each switch port's shadow queue (the marker's
+map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it. Ingress accounting is
+approximated per egress queue: when an egress queue passes XOFF, the switch sends a PFC
+frame (priority 3, quanta 0xFFFF, refreshed before they run out) out of every port that
+feeds that queue (``pfc.feeders``: the ingress ports whose routed traffic can leave by
+it), so the upstream neighbours stop sending the data class on those links; a feeder
+port is resumed (quanta 0) once no congested queue needs it paused. A paused neighbour
+may be a GPU (its agent stops sending data) or another switch port, which then fills
+and pauses its own feeders: pause spreads hop by hop.
+
+Every switch port also listens for PFC frames (an AF_PACKET socket for EtherType
+0x8808; OVS drops them in OpenFlow so they never reach a bridge's forwarding): on one,
+the port's data class stops (its TBF turns down to a few kbit/s, the marker's shadow
+stops draining) until quanta 0 arrives or the quanta run out (quanta x 512 bit-times at
+the real rate, x dilation). The control class (CNPs, ACKs) keeps flowing. Frames are
+sent with PACKET_QDISC_BYPASS, so they do not wait behind the data they are meant to stop.
+
+Records (``pfc.jsonl`` in the run folder, as they happen): frames sent and received,
+pauses and resumes; at the end, per port: frames, paused time, headroom high-water
+(shadow depth above XOFF seen while polling) and the marker's drops.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from . import pfc, queues
+from .bpfmap import Map
+from .errors import RunError
+from .tc import PAUSED_RATE_BPS, PortTc
+from .units import Dilation
+
+POLL_S = 0.001
+SOL_PACKET = 263
+PACKET_QDISC_BYPASS = 20
+ETH_P_PFC = pfc.ETH_TYPE_MAC_CONTROL
+
+
+@dataclass
+class Port:
+    pq: dict  # queues.PortQueue as a dict (from plan.json)
+    ifindex: int
+    mac: str
+    sock: socket.socket
+    feeders: tuple  # interface names on the same switch
+    hyst: pfc.Hysteresis | None
+    paused_until_ns: int = 0  # our data class is paused by the neighbour until then
+    paused_since_ns: int | None = None
+    paused_total_ns: int = 0
+    frames_sent: int = 0
+    frames_received: int = 0
+    xoff_sent: int = 0
+    headroom_high_water_bytes: float = 0.0
+    wanted_by: set = field(default_factory=set)  # congested egress queues that need this port's peer paused
+
+
+class Pfcd:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.d = Dilation(cfg["dilation"])
+        self.out = open(cfg["events"], "a", buffering=1)
+        self.tc = PortTc()
+        self.cfg_map = Map(cfg["pins"] + "/testbed_cfg", queues.CFG_SIZE)
+        self.state_map = Map(cfg["pins"] + "/testbed_state", queues.STATE_SIZE)
+        self.ports: dict[str, Port] = {}
+        for entry in cfg["ports"]:
+            pq = entry["queue"]
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_PFC))
+            sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+            sock.bind((pq["intf"], ETH_P_PFC))
+            sock.setblocking(False)
+            pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
+            hyst = pfc.Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
+            self.ports[pq["intf"]] = Port(pq=pq, ifindex=entry["ifindex"], mac=entry["mac"], sock=sock,
+                                          feeders=tuple(entry["feeders"]), hyst=hyst)
+
+    def record(self, **fields):
+        self.out.write(json.dumps(fields) + "\n")
+
+    # -- sending ---------------------------------------------------------------------------
+    def send(self, port: Port, quanta: int, now: int, why: str):
+        port.sock.send(pfc.frame(port.mac, {pfc.LOSSLESS_PRIORITY: quanta}))
+        port.frames_sent += 1
+        if quanta:
+            port.xoff_sent += 1
+        self.record(t_ns=now, event="xoff_sent" if quanta else "xon_sent", port=port.pq["intf"], quanta=quanta,
+                    why=why)
+
+    def poll_queues(self, now: int):
+        for intf, port in self.ports.items():
+            if port.hyst is None:
+                continue
+            raw = self.state_map.lookup(port.ifindex, lock=True)
+            if raw is None:
+                continue
+            state = queues.marker_state(raw)
+            rate = 0.0 if port.paused_since_ns is not None else port.pq["emulated_rate_bps"]
+            depth = queues.shadow_depth_now(state, rate, now)
+            if depth > port.pq["xoff_bytes"]:
+                port.headroom_high_water_bytes = max(port.headroom_high_water_bytes, depth - port.pq["xoff_bytes"])
+            action = port.hyst.update(depth, now)
+            if action == "xoff":
+                for name in port.feeders:
+                    feeder = self.ports[name]
+                    feeder.wanted_by.add(intf)
+                    self.send(feeder, pfc.MAX_QUANTA, now, f"{intf} at {int(depth)} B > XOFF")
+            elif action == "xon":
+                for name in port.feeders:
+                    feeder = self.ports[name]
+                    feeder.wanted_by.discard(intf)
+                    if not feeder.wanted_by:
+                        self.send(feeder, 0, now, f"{intf} at {int(depth)} B <= XON")
+
+    # -- receiving -------------------------------------------------------------------------
+    def set_paused(self, port: Port, paused: bool, now: int):
+        pq = port.pq
+        if paused == (port.paused_since_ns is not None):
+            return
+        rate = PAUSED_RATE_BPS if paused else pq["emulated_rate_bps"]
+        self.tc.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
+        raw = self.cfg_map.lookup(port.ifindex)
+        if raw is not None:  # keep the epoch a reader may have bumped; flip only "paused"
+            fields = list(struct.unpack(queues.CFG_FORMAT, raw))
+            fields[-1] = int(paused)
+            self.cfg_map.update(port.ifindex, struct.pack(queues.CFG_FORMAT, *fields))
+        if paused:
+            port.paused_since_ns = now
+        else:
+            port.paused_total_ns += now - port.paused_since_ns
+            port.paused_since_ns = None
+        self.record(t_ns=now, event="paused" if paused else "resumed", port=pq["intf"])
+
+    def receive(self, port: Port, now: int):
+        while True:
+            try:
+                data = port.sock.recv(256)
+            except BlockingIOError:
+                return
+            parsed = pfc.parse(data)
+            if parsed is None or parsed[0] == port.mac:
+                continue  # not PFC, or our own frame seen on the way out
+            _src, quanta = parsed
+            if pfc.LOSSLESS_PRIORITY not in quanta:
+                continue
+            port.frames_received += 1
+            q = quanta[pfc.LOSSLESS_PRIORITY]
+            if q:
+                port.paused_until_ns = now + int(self.d.duration_ns(pfc.pause_ns(q, port.pq["rate_bps"])))
+                self.set_paused(port, True, now)
+            else:
+                port.paused_until_ns = 0
+                self.set_paused(port, False, now)
+
+    def expire(self, now: int):
+        for port in self.ports.values():
+            if port.paused_since_ns is not None and now >= port.paused_until_ns:
+                self.set_paused(port, False, now)
+
+    # -- loop ------------------------------------------------------------------------------
+    def run(self, control):
+        socks = {p.sock.fileno(): p for p in self.ports.values()}
+        next_poll = time.monotonic_ns()
+        while True:
+            timeout = max(0.0, (next_poll - time.monotonic_ns()) / 1e9)
+            readable, _, _ = select.select(list(socks) + [control], [], [], timeout)
+            now = time.monotonic_ns()
+            for fd in readable:
+                if fd is control:
+                    if not control.readline():
+                        return
+                else:
+                    self.receive(socks[fd], now)
+            if now >= next_poll:
+                self.expire(now)
+                self.poll_queues(now)
+                next_poll = max(next_poll + int(POLL_S * 1e9), now)
+
+    def report(self):
+        now = time.monotonic_ns()
+        for port in self.ports.values():
+            paused = port.paused_total_ns + (now - port.paused_since_ns if port.paused_since_ns else 0)
+            raw = self.state_map.lookup(port.ifindex, lock=True)
+            drops = queues.marker_state(raw)["drops"] if raw else 0
+            self.record(event="port", port=port.pq["intf"], frames_sent=port.frames_sent,
+                        xoff_sent=port.xoff_sent, frames_received=port.frames_received, paused_ns=paused,
+                        paused_real_ns=self.d.real_duration_ns(paused),
+                        headroom_high_water_bytes=round(port.headroom_high_water_bytes),
+                        headroom_bytes=port.pq["headroom_bytes"], drops=drops)
+
+
+class PfcDaemon:
+    """Context manager: the run's PFC process, started once its ports exist, ended (by
+    closing its stdin, then by PID) on exit."""
+
+    READY_TIMEOUT_S = 30
+    EXIT_TIMEOUT_S = 10
+
+    def __init__(self, plan, egress, run_dir, record):
+        self.plan, self.egress, self.run_dir, self.record = plan, egress, run_dir, record
+        self.proc = None
+        self.events = run_dir / "pfc.jsonl"
+
+    def config(self) -> dict:
+        ports = []
+        for pq in self.egress.ports:
+            mac = open(f"/sys/class/net/{pq.intf}/address").read().strip()
+            feeders = [f"{pq.switch}-eth{p}" for p in pfc.feeders(self.plan, pq.switch, pq.port)] if pq.pfc else []
+            ports.append({"queue": pq.to_dict(), "ifindex": self.egress.tc.ifindex(pq.intf), "mac": mac,
+                          "feeders": feeders})
+        return {"dilation": self.plan.dilation.factor, "pins": str(self.egress.marker.dir),
+                "events": str(self.events), "ports": ports}
+
+    def __enter__(self):
+        path = self.run_dir / "work" / "pfcd.json"
+        path.write_text(json.dumps(self.config()))
+        self.proc = subprocess.Popen([sys.executable, "-m", "testbed.pfcd", str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=open(self.run_dir / "pfcd.log", "w"),
+                                     text=True)
+        self.record.add(processes=[self.proc.pid])
+        try:
+            ready, _, _ = select.select([self.proc.stdout], [], [], self.READY_TIMEOUT_S)
+            line = self.proc.stdout.readline() if ready else ""
+            if line.strip() != "ready":
+                raise RunError(f"the PFC process did not start (see {self.run_dir / 'pfcd.log'})")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def check_alive(self):
+        if self.proc.poll() is not None:
+            raise RunError(f"the PFC process exited with code {self.proc.returncode} "
+                           f"(see {self.run_dir / 'pfcd.log'})")
+
+    def __exit__(self, *exc):
+        if self.proc is None:
+            return False
+        proc, self.proc = self.proc, None
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=self.EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=self.EXIT_TIMEOUT_S)
+        return False
+
+    def totals(self) -> dict:
+        """Per-port counters the process wrote at exit, summed, and the ports that paused."""
+        rows = [json.loads(line) for line in self.events.read_text().splitlines() if line.strip()] \
+            if self.events.exists() else []
+        ports = [r for r in rows if r.get("event") == "port"]
+        keys = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "drops")
+        out = {k: sum(p[k] for p in ports) for k in keys}
+        out["paused_ports"] = sorted(p["port"] for p in ports if p["frames_received"])
+        out["headroom_high_water_bytes"] = max((p["headroom_high_water_bytes"] for p in ports), default=0)
+        return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    daemon = Pfcd(cfg)
+    print("ready", flush=True)
+    try:
+        daemon.run(sys.stdin)
+    finally:
+        daemon.report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
