@@ -77,7 +77,11 @@ fi
 # --- 2. boot and run ------------------------------------------------------------------------
 rm -rf "$out"
 mkdir -p "$out"
-[ $# -gt 0 ] || set -- tests/integration -v -p no:warnings
+# test_training.py is left out by default: its bounds (AllReduce within 5 % of the ideal,
+# congestion from line-rate senders) need GPU agents that pace at the emulated line rate,
+# and under software CPU emulation they cannot. The default run in test_fabric.py still
+# trains in the guest (agents, RoCE, PFC on the kernel datapath), without timing bounds.
+[ $# -gt 0 ] || set -- tests/integration -v -p no:warnings --ignore=tests/integration/test_training.py
 printf '%q ' "$@" > "$out/pytest-args"
 disk="$out/root.ext4"
 cp --sparse=always "$image/root.ext4" "$disk"   # every run starts from the pristine image

@@ -26,7 +26,7 @@ from .errors import RunError
 from .scenario import ROOT
 
 LOG = logging.getLogger(__name__)
-READY_TIMEOUT_S = 30
+READY_TIMEOUT_S = 120  # 8 agents importing Scapy at once take ~1 min under QEMU software emulation
 START_MARGIN_S = 0.5
 EXIT_TIMEOUT_S = 10
 RTO_REAL_NS = 128_000  # retransmission timeout in real time (x dilation in the emulation)

@@ -1,7 +1,6 @@
 """Emulated GPUs training on the real fabric: RoCEv2 ring AllReduce, losses, ECN + DCQCN."""
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,8 +13,6 @@ from testbed.process import wait_for
 from testbed.training import load_records
 
 pytestmark = pytest.mark.integration
-# The stock-kernel check runs under software CPU emulation; it loosens timing bounds by this
-TIMING_SLACK = float(os.environ.get("TESTBED_TIMING_SLACK", "1"))
 
 
 def train(tmp_path, ref, *sets, hook=None):
@@ -45,8 +42,8 @@ def test_ring_allreduce_on_a_non_blocking_fabric_runs_at_line_rate(tmp_path, cle
     result, summary = train(tmp_path, "default", "workload.iterations=2", hook=hook)
     assert len(summary["collectives"]) == 2 and len(summary["iterations"]) == 2
     for c in summary["collectives"]:
-        assert c["ratio"] <= 1.05 * TIMING_SLACK, c
-        assert c["busbw_of_line"] >= 0.95 / TIMING_SLACK, c
+        assert c["ratio"] <= 1.05, c
+        assert c["busbw_of_line"] >= 0.95, c
     t = summary["transport"]
     assert t["retransmitted"] == 0 and t["timeouts"] == 0 and t["naks_sent"] == 0
     # 8 GPUs x 2 iterations x 14 steps x ceil(250 KB / 4 KB) packets, sent once each
@@ -72,7 +69,7 @@ def write_scenario(tmp_path, **queues) -> str:
 
 
 def test_ecn_and_dcqcn_cut_sender_rates_without_loss(tmp_path, clean_slate):
-    result, summary = train(tmp_path, write_scenario(tmp_path, buffer="4MB",
+    result, summary = train(tmp_path, write_scenario(tmp_path, buffer="4MB", pfc="off",
                                                      ecn={"kmin": "50KB", "kmax": "200KB", "pmax": 0.2}))
     t = summary["transport"]
     assert t["ce_received"] > 0 and t["cnps_sent"] > 0 and t["cnps_received"] == t["cnps_sent"]
@@ -87,7 +84,7 @@ def test_small_lossy_buffer_drops_cause_naks_and_retransmissions(tmp_path, clean
     it; losses show as NAKs (PSN gaps) and go-back-N retransmissions, and the AllReduce runs
     well off the ideal. (Larger messages at this buffer collapse into retransmission storms
     that take minutes of emulated time: go-back-N at line rate with no congestion control.)"""
-    result, summary = train(tmp_path, write_scenario(tmp_path, buffer="120KB", ecn="off"),
+    result, summary = train(tmp_path, write_scenario(tmp_path, buffer="120KB", ecn="off", pfc="off"),
                             "workload.collective.bytes=400KB", "workload.transport.dcqcn=off")
     t = summary["transport"]
     assert t["retransmitted"] > 0 and t["naks_sent"] > 0 and t["ce_received"] == 0
