@@ -1,5 +1,6 @@
 """Apply: every switch egress port gets its planned queue (TBF shaper + FIFO, and the
-ECN/WRED marker on clsact egress), and reads of the port counters.
+ECN/WRED marker on clsact egress; netem link delay where the kernel has it), and reads of
+the port counters.
 
 ``EgressQueues`` is entered after the fabric is up; the qdiscs go away with the
 fabric's interfaces, the marker's pins when this context exits.
@@ -15,8 +16,8 @@ from .tc import PortTc
 
 
 class EgressQueues:
-    def __init__(self, plan, run_id: str):
-        self.plan, self.run_id = plan, run_id
+    def __init__(self, plan, run_id: str, link_delay: bool = False):
+        self.plan, self.run_id, self.link_delay = plan, run_id, link_delay
         self.ports = queues.plan_queues(plan)
         self.by_ifindex: dict[int, queues.PortQueue] = {}
         self.marker: Marker | None = None
@@ -30,6 +31,8 @@ class EgressQueues:
                 idx = self.tc.apply(pq.intf, pq.emulated_rate_bps, pq.burst_bytes, pq.fifo_limit_bytes,
                                     self.marker.prog_fd)
                 self.marker.configure(idx, pq)
+                if self.link_delay and pq.emulated_delay_ns > 0:
+                    self.tc.add_delay(pq.intf, pq.emulated_delay_ns)
                 self.by_ifindex[idx] = pq
         except BaseException:
             self.__exit__(None, None, None)

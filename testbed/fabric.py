@@ -139,8 +139,8 @@ class MininetFabric:
     """Context manager owning the Mininet network of one run."""
 
     def __init__(self, plan: Plan, run_id: str, datapath: str, controller_port: int,
-                 record: registry.RunRecord, work_dir: Path):
-        self.plan, self.run_id, self.datapath = plan, run_id, datapath
+                 record: registry.RunRecord, work_dir: Path, link_delay: bool = False):
+        self.plan, self.run_id, self.datapath, self.link_delay = plan, run_id, datapath, link_delay
         self.controller_port, self.record, self.work_dir = controller_port, record, work_dir
         self.net: Mininet | None = None
 
@@ -208,6 +208,11 @@ class MininetFabric:
             if self.datapath == "user":
                 for intf in node.intfList():
                     procs.append((h.name, node.popen(["ethtool", "-K", intf.name, "tx", "off"])))
+            if self.link_delay:  # the GPU's end of its cable (switch ends: egress.EgressQueues)
+                (link,) = [lk for lk in self.plan.fabric_links if h.name in (lk.a, lk.b)]
+                us = max(1, round(self.plan.dilation.duration_ns(link.delay_ns) / 1000))
+                procs.append((h.name, node.popen(["tc", "qdisc", "replace", "dev", f"{h.name}-eth0", "root", "netem",
+                                                  "delay", f"{us}us", "limit", "100000"])))
         for name, proc in procs:
             out, err = proc.communicate(timeout=CMD_TIMEOUT_S)
             if proc.returncode:

@@ -1,8 +1,7 @@
 """PFC (IEEE 802.1Qbb) as pure data and decisions: the frame, its pause time in real and
 emulated units, which ports feed a congested egress queue, and the XOFF/XON hysteresis.
 
-Not wired to the data plane yet (the switch-queue stage's next step): see the README's
-"Switch queues" section for what is applied today.
+``testbed.pfcd`` applies these on the data plane.
 
 Frame (60 bytes before the FCS): destination 01:80:c2:00:00:01, the sending port's MAC,
 EtherType 0x8808 (MAC control), opcode 0x0101 (priority-based flow control), a

@@ -70,6 +70,8 @@ class PortQueue:
     headroom_formula_bytes: int
     burst_bytes: int
     fifo_limit_bytes: int
+    delay_ns: int  # the link's propagation delay, real
+    emulated_delay_ns: float  # x dilation: what netem holds each packet, where the kernel has netem
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,7 +103,8 @@ def port_queue(q, switch: str, port: int, peer: str, rate_bps: int, delay_ns: in
         kmin_bytes=kmin if ecn else 0, kmax_bytes=kmax if ecn else 0, pmax=pmax if ecn else 0.0,
         pfc=pfc, xoff_bytes=xoff if pfc else 0, xon_bytes=xon if pfc else 0,
         headroom_bytes=headroom if pfc else 0, headroom_formula_bytes=formula,
-        burst_bytes=BURST_MTUS * mtu_bytes, fifo_limit_bytes=buffer + FIFO_SLACK_MTUS * mtu_bytes)
+        burst_bytes=BURST_MTUS * mtu_bytes, fifo_limit_bytes=buffer + FIFO_SLACK_MTUS * mtu_bytes,
+        delay_ns=delay_ns, emulated_delay_ns=dilation.duration_ns(delay_ns))
 
 
 def plan_queues(plan) -> tuple:

@@ -31,8 +31,31 @@ def _live_run(run_id: str | None) -> dict:
     return live[sorted(live)[-1]]
 
 
+def pfc_counts(events_path: Path) -> dict:
+    """Per port, from the run's PFC events so far: PFC frames sent out of it (XOFF and XON),
+    times its data class was paused by its neighbour, and whether it is paused now."""
+    out: dict[str, dict] = {}
+    if not events_path.exists():
+        return out
+    for line in events_path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        row = out.setdefault(e.get("port"), {"pfc_sent": 0, "pauses": 0, "paused": False})
+        if e.get("event") in ("xoff_sent", "xon_sent"):
+            row["pfc_sent"] += 1
+        elif e.get("event") == "paused":
+            row["pauses"] += 1
+            row["paused"] = True
+        elif e.get("event") == "resumed":
+            row["paused"] = False
+    return out
+
+
 def snapshot(run: dict) -> list[dict]:
     plan = json.loads((Path(run["results_dir"]) / "plan.json").read_text())
+    pfc = pfc_counts(Path(run["results_dir"]) / "pfc.jsonl")
     pins = PIN_ROOT / run["run_id"]
     rows = []
     try:
@@ -49,7 +72,9 @@ def snapshot(run: dict) -> list[dict]:
             q = tc.qdisc_stats(pq["intf"])
             rows.append({**pq, "depth_bytes": depth, "max_depth_bytes": s["max_depth_bytes"],
                          "packets": s["packets"], "ect": s["ect"], "marked": s["marked"], "drops": s["drops"],
-                         "tbf_backlog_bytes": q["backlog_bytes"], "tbf_drops": q["drops"]})
+                         "tbf_backlog_bytes": q["backlog_bytes"], "tbf_drops": q["drops"],
+                         "control_packets": s["control_packets"],
+                         **pfc.get(pq["intf"], {"pfc_sent": 0, "pauses": 0, "paused": False})})
     return rows
 
 
@@ -57,12 +82,14 @@ def render(run: dict, rows: list[dict]) -> str:
     out = [f"run {run['run_id']}: {len(rows)} switch ports (depth = marker's shadow queue; "
            f"delay = depth at the real port rate)",
            f"{'port':14} {'to':8} {'depth':>8} {'delay':>8} {'max':>8} {'tbf backlog':>11} {'packets':>9} "
-           f"{'ECT':>8} {'marked':>8} {'drops':>7} {'tbf drops':>9}"]
+           f"{'ECT':>8} {'marked':>8} {'drops':>7} {'tbf drops':>9} {'control':>8} {'PFC sent':>8} "
+           f"{'pauses':>6} {'paused':>6}"]
     for r in rows:
         delay_ns = r["depth_bytes"] * 8e9 / r["rate_bps"]
         out.append(f"{r['intf']:14} {r['peer']:8} {format_size(r['depth_bytes']):>8} {format_duration(delay_ns):>8} "
                    f"{format_size(r['max_depth_bytes']):>8} {format_size(r['tbf_backlog_bytes']):>11} "
-                   f"{r['packets']:>9} {r['ect']:>8} {r['marked']:>8} {r['drops']:>7} {r['tbf_drops']:>9}")
+                   f"{r['packets']:>9} {r['ect']:>8} {r['marked']:>8} {r['drops']:>7} {r['tbf_drops']:>9} "
+                   f"{r['control_packets']:>8} {r['pfc_sent']:>8} {r['pauses']:>6} {'yes' if r['paused'] else '':>6}")
     return "\n".join(out)
 
 

@@ -155,14 +155,16 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
         raise RunError("run needs root (network namespaces, OVS): sudo python3 -m testbed run")
     datapath = capabilities.choose_datapath(options.datapath or scenario.datapath)
     plan = planning.build(scenario, datapath)
+    netem = capabilities.qdisc_support().get("netem", False)
     run_id, run_dir = new_run_dir(options.results_dir, scenario.name)
     manifest = {
         "run_id": run_id, "scenario": scenario.name, "status": "running", "reason": "",
         "started_utc": datetime.now(timezone.utc).isoformat(), "ended_utc": None,
         "datapath": datapath, "dilation": plan.dilation.factor, "dilation_reason": plan.dilation_reason,
-        "seed": scenario.seed, "link_delay_emulated": False,
-        "link_delay_note": "cable delay is not emulated yet (netem is applied in a later version); "
-                           "planned delays are in plan.json",
+        "seed": scenario.seed, "link_delay_emulated": netem,
+        "link_delay_note": ("every link's cable delay x dilation, with netem on both ends' egress"
+                            if netem else "cable delay is NOT emulated: this kernel has no netem (sch_netem); "
+                                          "planned delays are in plan.json, the lab VM emulates them"),
         "queues": None,
         "versions": versions(), "timings_s": {}, "reachability": None,
     }
@@ -188,10 +190,10 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             t0 = time.monotonic()
             from .fabric import MininetFabric  # Mininet is imported only when a fabric is built
 
-            fab = stack.enter_context(MininetFabric(plan, run_id, datapath, port, record, work))
+            fab = stack.enter_context(MininetFabric(plan, run_id, datapath, port, record, work, link_delay=netem))
             from .egress import EgressQueues  # pyroute2 and the BPF marker, only for a run
 
-            egress = stack.enter_context(EgressQueues(plan, run_id))
+            egress = stack.enter_context(EgressQueues(plan, run_id, link_delay=netem))
             if any(pq.pfc for pq in egress.ports):
                 from .pfcd import PfcDaemon
 
@@ -219,7 +221,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             if options.before_training:
                 options.before_training(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
             if scenario.workload is not None and options.train:
-                manifest["training"] = _train(fab, plan, scenario.workload, run_dir, record, ctl, timings)
+                manifest["training"] = _train(fab, plan, scenario.workload, run_dir, record, ctl, timings, netem)
                 write_manifest(run_dir, manifest)
             if options.hook:
                 options.hook(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
@@ -266,13 +268,13 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
     return RunResult(run_dir=run_dir, status=status, reason=reason, manifest=manifest)
 
 
-def _train(fab, plan, workload, run_dir, record, ctl, timings) -> dict:
+def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool) -> dict:
     """Run the workload on the GPU agents; writes training.json and returns its headline."""
     from .training import Training, load_records, summarise
 
     t0 = time.monotonic()
     training = Training(fab, plan, workload, run_dir, record)
-    ideal = training.ideal()
+    ideal = training.ideal(link_delay_emulated=link_delay)
     try:
         with training:
             ideal_emulated_s = workload.iterations * plan.dilation.duration_ns(ideal["iteration_ns"]) / 1e9

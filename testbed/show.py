@@ -59,7 +59,7 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
     q = sc.queues
     out.append("egress queues on every switch port (TBF at the emulated port rate + eBPF WRED/ECN marker):")
     out.append(f"  scenario: buffer {format_size(q.buffer_bytes) if q.buffer_bytes else 'derived'}; "
-               f"ECN {_ecn(q)}; PFC {_pfc(q)} (PFC is planned, not applied yet)")
+               f"ECN {_ecn(q)}; PFC {_pfc(q)}")
     from .queues import plan_queues
 
     kinds = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import subprocess
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -28,6 +29,9 @@ NETLINK_TIMEOUT_S = 5
 MQ_HANDLE = 0x10000  # 1:
 TBF_HANDLE = 0x100000  # 10:, under 1:1 (TX queue 0, the data class)
 TBF_PARENT = 0x10001
+NETEM_HANDLE, CONTROL_NETEM_HANDLE = "30:", "20:"
+NETEM_LIMIT_PACKETS = 100_000  # drops belong to the marker, at the buffer
+TC_TIMEOUT_S = 10
 PAUSED_RATE_BPS = 8000  # pyroute2 cannot encode less than 64 bit/s; a few kbit/s holds the queue
 # rtnetlink wire format for one RTM_GETQDISC (pyroute2 dumps every qdisc: ~1 ms a read)
 RTM_NEWQDISC, RTM_GETQDISC, NLMSG_ERROR = 36, 38, 2
@@ -124,6 +128,18 @@ class PortTc:
                         parent=TC_H_CLSACT_EGRESS, classid=1, direct_action=True)
         except NetlinkError as exc:
             raise RunError(f"attaching the marker to {intf} failed: {exc}") from None
+
+    def add_delay(self, intf: str, delay_ns: float):
+        """Link propagation delay with netem on both classes: under the data class's TBF
+        (packets wait out the delay, then the port rate applies) and as the control queue's
+        qdisc. Through tc(8): pyroute2's netem options are not stable across versions."""
+        us = max(1, round(delay_ns / 1000))
+        for parent, handle in (("10:1", NETEM_HANDLE), ("1:2", CONTROL_NETEM_HANDLE)):
+            done = subprocess.run(["tc", "qdisc", "replace", "dev", intf, "parent", parent, "handle", handle, "netem",
+                                   "delay", f"{us}us", "limit", str(NETEM_LIMIT_PACKETS)], capture_output=True,
+                                  text=True, timeout=TC_TIMEOUT_S)
+            if done.returncode:
+                raise RunError(f"netem on {intf} failed: {done.stderr.strip()}")
 
     def set_rate(self, intf: str, rate_bps: float, burst_bytes: int, limit_bytes: int):
         """Change the data class's TBF rate (PFC pause and resume)."""

@@ -241,3 +241,23 @@ def test_cli_after_bring_up(tmp_path, clean_slate):
     assert "1 packets transmitted, 1 received" in res.stdout + res.stderr  # Mininet logs to stderr
     (run_dir,) = tmp_path.iterdir()
     assert manifest(run_dir)["status"] == "ok"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not capabilities.qdisc_support().get("netem"),
+                    reason="this kernel has no netem: link delay is not emulated (the manifest says so)")
+def test_link_delay_is_emulated_where_netem_exists(tmp_path, clean_slate):
+    """h1 -> h5 crosses 3 m + 100 m + 100 m + 3 m of cable (1030 ns each way): the ping RTT
+    is at least twice that x dilation, and not far above it (the path is idle)."""
+    seen = {}
+
+    def hook(ctx):
+        out = ctx.fabric.host("h1").popen(["ping", "-c", "5", "-i", "0.3", ctx.plan.host("h5").addr],
+                                          text=True).communicate(timeout=60)[0]
+        seen["rtts_ms"] = [float(x) for x in re.findall(r"time=([\d.]+) ms", out)]
+        seen["dilation"] = ctx.plan.dilation.factor
+
+    result = run.run(scenario.load("leaf-spine"), run.RunOptions(results_dir=tmp_path, hook=hook))
+    assert result.status == "ok" and result.manifest["link_delay_emulated"] is True
+    want_ms = 2 * 1030 * seen["dilation"] / 1e6
+    assert len(seen["rtts_ms"]) >= 4
+    assert want_ms * 0.98 <= min(seen["rtts_ms"]) <= want_ms * 1.5 + 20, (want_ms, seen["rtts_ms"])

@@ -86,3 +86,47 @@ def test_incast_marks_equal_ce_at_receiver_drops_only_at_buffer(tmp_path):
     assert len(loaded) > 20
     p95 = statistics.quantiles(loaded, n=20)[-1]
     assert p95 <= MTU * TIMING_SLACK, (p95, loaded)
+
+
+def victim_run(tmp_path, pfc_on: bool) -> dict:
+    """One spine, one uplink per leaf. Incast into h5 (leaf2): h6 and h8 (same leaf) at the
+    port rate each, h1 (leaf1, across the spine) at half of it. A victim flow h3 -> h7 at
+    0.3 x the port rate shares the leaf1 -> spine -> leaf2 links with h1's traffic but not
+    h5's congested port; no link on its path is over-subscribed by itself."""
+    sc = scenario.load("leaf-spine", ["fabric.spines=1", "fabric.uplinks.count=1", "queues.buffer=300KB",
+                                      "queues.ecn=off", "dilation=200000"] + ([] if pfc_on else ["queues.pfc=off"]))
+    out = {}
+
+    def hook(ctx):
+        fab, plan = ctx.fabric, ctx.plan
+        (pq,) = [q for q in ctx.egress.ports if q.intf == f"{plan.host('h5').leaf}-eth{plan.host('h5').leaf_port}"]
+        rate = pq.emulated_rate_bps
+        rx = fab.host("h7").popen([sys.executable, str(HERE / "ce_count.py"), "--intf", "h7-eth0", "--seconds",
+                                   "600"], text=True, stdin=subprocess.PIPE)
+        assert rx.stdout.readline().strip() == "ready"
+        flows = [("h6", "h5", rate), ("h8", "h5", rate), ("h1", "h5", rate / 2), ("h3", "h7", 0.3 * rate)]
+        tx = {src + dst: fab.host(src).popen([sys.executable, str(HERE / "udp_blast.py"), plan.host(dst).addr,
+                                              "--rate-bps", str(r), "--seconds", "5", "--size", str(MTU)], text=True)
+              for src, dst, r in flows}
+        sent = {k: json.loads(p.communicate(timeout=60)[0])["sent"] for k, p in tx.items()}
+        for q in ctx.egress.ports:
+            wait_for(lambda q=q: ctx.egress.tc.qdisc_stats(q.intf)["backlog_bytes"] == 0, 60, f"{q.intf} to drain")
+        out.update(victim_sent=sent["h3h7"], victim_received=json.loads(rx.communicate(input="", timeout=60)[0])["udp"])
+
+    result = run.run(sc, run.RunOptions(results_dir=tmp_path, hook=hook))
+    assert result.status == "ok", result.reason
+    out["pfc"] = result.manifest.get("pfc")
+    return out
+
+
+def test_pause_spreads_upstream_and_slows_a_victim_flow(tmp_path, clean_slate):
+    """Without PFC the victim is untouched (only h5's port drops). With PFC, h5's port
+    pauses the spine's port toward leaf2, whose queue then pauses leaf1's uplink: the
+    victim, which never goes near h5's port, waits behind h1's paused packets (head-of-line
+    blocking) and loses delivery (the UDP senders, unlike the GPU agents, ignore pauses, so
+    leaf1's uplink queue overflows its headroom)."""
+    off = victim_run(tmp_path / "off", pfc_on=False)
+    assert off["victim_received"] >= 0.99 * off["victim_sent"], off
+    on = victim_run(tmp_path / "on", pfc_on=True)
+    assert "spine1-eth2" in on["pfc"]["paused_ports"] and "leaf1-eth5" in on["pfc"]["paused_ports"], on["pfc"]
+    assert on["victim_received"] < 0.9 * on["victim_sent"], on

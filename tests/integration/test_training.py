@@ -118,9 +118,22 @@ def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
     t = json.loads((result.run_dir / "training.json").read_text())["transport"]
     p = result.manifest["pfc"]
     assert p["xoff_sent"] > 0 and p["drops"] == 0, p
+    assert p["headroom_high_water_bytes"] <= min(q["headroom_bytes"] for q in json.loads(
+        (result.run_dir / "plan.json").read_text())["queues"])  # the formula's headroom was enough
     assert t["retransmitted"] == 0 and t["naks_sent"] == 0 and t["timeouts"] == 0, t
     assert t["pause_frames_received"] > 0 and t["paused_real_ns"] > 0  # GPU NICs were paused too
     decoded = "".join(subprocess.run(["tshark", "-r", str(tmp_path / f"{h}.pcap"), "-V"], capture_output=True,
                                      text=True, timeout=60, check=True).stdout for h in procs)
     assert "Opcode: Class Based Flow Control [CBFC] Pause (0x0101)" in decoded, decoded[:500]
     assert "CBFC Class Enable Vector: 0x0008, C3" in decoded  # priority 3 only: the data class
+
+
+def test_pfc_headroom_below_the_formula_drops(tmp_path, clean_slate):
+    """PFC with 4 KB of headroom (the formula asks ~60-110 KB here): the bytes that keep
+    arriving after XOFF overflow the buffer, so there are headroom drops and the GPUs
+    retransmit; with the formula's headroom (the test above) there are none."""
+    result, summary = train(tmp_path, write_scenario(tmp_path, buffer="400KB", ecn="off",
+                                                     pfc={"headroom": "4KB"}), "workload.transport.dcqcn=off")
+    p = result.manifest["pfc"]
+    assert p["xoff_sent"] > 0 and p["drops"] > 0 and p["headroom_high_water_bytes"] > 0, p
+    assert summary["transport"]["retransmitted"] > 0

@@ -1,5 +1,6 @@
 """PFC frames (golden bytes, decoded by tshark) and the pure PFC decisions."""
 
+import json
 import shutil
 import struct
 import subprocess
@@ -64,3 +65,16 @@ def test_hysteresis_pauses_refreshes_and_resumes():
     assert h.update(98_000, now_ns=700) is None  # between XON and XOFF: stay paused
     assert h.update(96_000, now_ns=800) == "xon"
     assert h.update(96_000, now_ns=900) is None
+
+
+def test_queues_view_counts_pfc_events(tmp_path):
+    from testbed.queuestat import pfc_counts
+
+    events = tmp_path / "pfc.jsonl"
+    lines = [{"event": "xoff_sent", "port": "leaf2-eth5"}, {"event": "paused", "port": "spine1-eth2"},
+             {"event": "xon_sent", "port": "leaf2-eth5"}, {"event": "resumed", "port": "spine1-eth2"},
+             {"event": "paused", "port": "spine1-eth2"}]
+    events.write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"event": "xoff_se')  # a line being written
+    assert pfc_counts(events) == {"leaf2-eth5": {"pfc_sent": 2, "pauses": 0, "paused": False},
+                                  "spine1-eth2": {"pfc_sent": 0, "pauses": 2, "paused": True}}
+    assert pfc_counts(tmp_path / "none.jsonl") == {}
