@@ -42,6 +42,7 @@ OP_CNP = 0x81
 AETH_ACK = 0x1F  # ACK, credit count "invalid" (no end-to-end credits)
 AETH_NAK_SEQ = 0x60  # NAK: PSN sequence error (the requester goes back N)
 PSN_MASK = 0xFFFFFF
+NVLINK_QPN_BIT = 1 << 22  # QPs on a server's NVLink segment (``qpn`` uses the low 20 bits)
 
 ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, AETH_LEN, ICRC_LEN, CNP_PAD_LEN = 14, 20, 8, 12, 4, 4, 16
 OFF_IP = ETH_LEN

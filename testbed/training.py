@@ -75,10 +75,17 @@ class Training:
         try:
             for name, ops in schedule.to_json(self.ops).items():
                 h = hosts[name]
-                peers = {o.name: {"index": o.index, "mac": o.mac, "ip": o.addr} for o in self.plan.hosts
-                         if o.name != name}
-                cfg = {"gpu": name, "index": h.index, "intf": f"{name}-eth0", "mac": h.mac, "ip": h.addr,
-                       "peers": peers, "line_bps": line_bps, "dilation": self.plan.dilation.factor,
+                peers = {o.name: {"index": o.index, "mac": o.mac, "ip": o.addr,
+                                  "nvlink_mac": o.nvlink_mac if o.server == h.server else None,
+                                  "nvlink_ip": o.nvlink_ip.split("/")[0] if o.nvlink_ip and o.server == h.server
+                                  else None}
+                         for o in self.plan.hosts if o.name != name}
+                nics = {"fabric": {"intf": f"{name}-eth0", "mac": h.mac, "ip": h.addr, "line_bps": line_bps}}
+                if h.nvlink_ip:
+                    nics["nvlink"] = {"intf": f"{name}-eth1", "mac": h.nvlink_mac, "ip": h.nvlink_ip.split("/")[0],
+                                      "line_bps": self.plan.scenario.fabric.nvlink_rate_bps}
+                cfg = {"gpu": name, "index": h.index, "nics": nics,
+                       "peers": peers, "dilation": self.plan.dilation.factor,
                        "mtu_bytes": self.workload.mtu_bytes, "dcqcn": self.workload.dcqcn, "rto_ns": RTO_REAL_NS,
                        "ops": ops, "records": str(self.records_dir / f"{name}.jsonl")}
                 path = work / f"agent-{name}.json"
