@@ -273,31 +273,39 @@ def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool)
     from .training import Training, load_records, summarise
 
     t0 = time.monotonic()
-    training = Training(fab, plan, workload, run_dir, record)
-    ideal = training.ideal(link_delay_emulated=link_delay)
+    training = Training(fab, plan, workload, run_dir, record, link_delay=link_delay)
+    ideal = training.ideal()
     try:
         with training:
             ideal_emulated_s = workload.iterations * plan.dilation.duration_ns(ideal["iteration_ns"]) / 1e9
-            LOG.info("training: %d GPUs, %d iterations of compute %s + ring AllReduce of %s; ideal %s per "
-                     "iteration (%.1fs emulated in all)", training.n, workload.iterations,
-                     units.format_duration(workload.compute_ns),
-                     " + ".join(units.format_size(b) for b in workload.allreduce_bytes),
+            LOG.info("training: %d GPUs (DP %d x PP %d x TP %d), %d iterations; gradients %s by %s; ideal %s per "
+                     "iteration (%.1fs emulated in all)", training.n, workload.data, workload.pipeline,
+                     workload.tensor, workload.iterations,
+                     " + ".join(units.format_size(b) for b in workload.allreduce_bytes), workload.algorithm,
                      units.format_duration(ideal["iteration_ns"]), ideal_emulated_s)
             training.train(timeout_s=max(60.0, 10 * ideal_emulated_s))
     finally:
         # after the agents have exited: their per-QP counters are the last lines they write
         timings["training"] = round(time.monotonic() - t0, 3)
-        summary = summarise(load_records(training.records_dir), workload, ideal, plan.dilation.factor, training.n)
+        summary = summarise(load_records(training.records_dir), workload, training.collectives, ideal,
+                            plan.dilation.factor)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     ctl.check_alive()
     for it in summary["iterations"]:
         LOG.info("iteration %d: step %s (ideal %s, x%.3f)", it["iteration"], units.format_duration(it["step_ns"]),
                  units.format_duration(it["ideal_ns"]), it["ratio"])
-    for c in summary["collectives"]:
-        LOG.info("  AllReduce %s over %d ranks: %s (ideal %s, x%.3f), busbw %s = %.1f%% of the link",
+    dp = [c for c in summary["collectives"] if c["phase"] == "dp" and c.get("stage", 0) == 0
+          and c.get("tp_rank", 0) == 0]
+    for c in dp:
+        LOG.info("  %s %s over %d ranks: %s (ideal %s, x%.3f), busbw %s = %.1f%% of the link", c["algorithm"],
                  units.format_size(c["bytes"]), c["ranks"], units.format_duration(c["time_ns"]),
                  units.format_duration(c["ideal_ns"]), c["ratio"], units.format_rate(c["busbw_bps"]),
                  100 * c["busbw_of_line"])
+    tp = [c for c in summary["collectives"] if c["phase"] == "tp"]
+    if tp:
+        LOG.info("  tensor-parallel AllReduces on NVLink: %d, median %s (ideal %s)", len(tp),
+                 units.format_duration(sorted(c["time_ns"] for c in tp)[len(tp) // 2]),
+                 units.format_duration(tp[0].get("ideal_ns", 0)))
     t = summary["transport"]
     LOG.info("transport: %d packets, %d retransmitted, %d timeouts, %d NAKs, %d CE marks seen, %d CNPs, "
              "%d DCQCN rate cuts", t["packets_sent"], t["retransmitted"], t["timeouts"], t["naks_sent"],

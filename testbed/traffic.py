@@ -5,10 +5,11 @@ A scenario names a workload file with ``traffic: NAME``; its content lands under
 (``workload: {iterations: 2}``, or ``--set workload.collective.bytes=4MB``). Problems
 are reported with the file and YAML path like every other scenario field.
 
-What this version emulates: data parallelism with a ring AllReduce (reduce-scatter +
-all-gather) after each iteration's compute. The schema already carries the pipeline and
-tensor degrees and the other collectives; asking for them is a clear error until they
-are emulated, rather than a silent substitute.
+What it describes: data parallelism (a gradient collective per bucket: ring,
+halving-doubling, hierarchical, all-to-all, or reduce-scatter / all-gather alone),
+pipeline parallelism (GPipe or 1F1B over micro-batches, activations between stages),
+tensor parallelism (AllReduce of activations on the server's NVLink). ``tree`` is
+refused with a pointer to halving-doubling, its log-depth counterpart here.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from dataclasses import dataclass
 
 from . import units
 
-ALGORITHMS = ("ring",)
-ALGORITHMS_LATER = ("halving-doubling", "tree", "hierarchical", "all-to-all")
+ALGORITHMS = ("ring", "halving-doubling", "hierarchical", "all-to-all", "reduce-scatter", "all-gather")
+ALGORITHMS_LATER = ("tree",)
 MAPPINGS = ("sequential", "rail")
 PRECISION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 RDMA_MTUS = (256, 512, 1024, 2048, 4096)  # the InfiniBand path MTUs RoCE uses
 KEYS = ("name", "description", "iterations", "model", "parallelism", "mapping", "compute", "collective",
-        "pipeline_schedule", "transport")
+        "pipeline_schedule", "micro_batches", "activations", "transport")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class Workload:
     dcqcn: bool
     gradient_bytes: int  # all buckets together
     gradient_source: str  # "model" or "bytes"
+    pipeline_schedule: str = "1f1b"
+    micro_batches: int = 1
+    pipeline_bytes: int = 0  # activations sent between pipeline stages per micro-batch
+    tensor_bytes: int = 0  # bytes of each tensor-parallel AllReduce (NVLink)
 
     @property
     def compute_ns(self) -> int:
@@ -67,18 +72,14 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     pipeline = c.integer(par, "pipeline", par_path, default=1, minimum=1, maximum=1024)
     tensor = c.integer(par, "tensor", par_path, default=1, minimum=1, maximum=16)
     data = c.integer(par, "data", par_path, default=None, minimum=1, maximum=1024) if "data" in par else None
-    if pipeline not in (None, 1):
-        c.problem(par_path + ("pipeline",), "pipeline parallelism is not emulated yet; set pipeline: 1")
-    if tensor not in (None, 1):
-        c.problem(par_path + ("tensor",), "tensor parallelism (NVLink) is not emulated yet; set tensor: 1")
     if gpus is not None and pipeline and tensor:
         if data is None:
             data = gpus // (pipeline * tensor) or 1
         if data * pipeline * tensor != gpus:
             c.problem(par_path, f"data x pipeline x tensor = {data * (pipeline or 1) * (tensor or 1)} must equal "
                                 f"the fabric's {gpus} GPUs")
-    if data is not None and data < 2:
-        c.problem(par_path + ("data",), "a data-parallel AllReduce needs at least 2 ranks")
+    if data is not None and data * (pipeline or 1) * (tensor or 1) < 2:
+        c.problem(par_path, "at least 2 GPUs must work together (data x pipeline x tensor >= 2)")
     mapping = doc.get("mapping", "sequential")
     if isinstance(mapping, list):
         names = [f"h{i}" for i in range(1, (gpus or 0) + 1)]
@@ -101,8 +102,15 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     col = c.mapping(doc.get("collective"), col_path, ("algorithm", "bytes", "bucket"))
     algorithm = col.get("algorithm", "ring")
     if algorithm in ALGORITHMS_LATER:
-        c.problem(col_path + ("algorithm",), f"{algorithm} is not emulated yet; this version has: "
-                                             f"{', '.join(ALGORITHMS)}")
+        c.problem(col_path + ("algorithm",), f"{algorithm} is not emulated; halving-doubling is its log-depth "
+                                             f"counterpart here (this version has: {', '.join(ALGORITHMS)})")
+        algorithm = None
+    elif algorithm == "halving-doubling" and data and data & (data - 1):
+        c.problem(col_path + ("algorithm",), f"halving-doubling needs a power-of-two data degree, got {data}")
+        algorithm = None
+    elif algorithm == "hierarchical" and tensor not in (None, 1):
+        c.problem(col_path + ("algorithm",), "hierarchical uses NVLink inside each server for the gradients; "
+                                             "with tensor > 1 NVLink is taken: use ring")
         algorithm = None
     elif algorithm not in ALGORITHMS:
         c.problem(col_path + ("algorithm",), f"expected one of {', '.join(ALGORITHMS + ALGORITHMS_LATER)}, "
@@ -128,8 +136,22 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     dcqcn = tr.get("dcqcn", "on")
     if dcqcn not in (True, False, "on", "off"):
         c.problem(tr_path + ("dcqcn",), f"expected on or off, got {_show(dcqcn)}")
-    if doc.get("pipeline_schedule", "1f1b") not in ("gpipe", "1f1b"):
-        c.problem(path + ("pipeline_schedule",), f"expected gpipe or 1f1b, got {_show(doc.get('pipeline_schedule'))}")
+    schedule = doc.get("pipeline_schedule", "1f1b")
+    if schedule not in ("gpipe", "1f1b"):
+        c.problem(path + ("pipeline_schedule",), f"expected gpipe or 1f1b, got {_show(schedule)}")
+    micro_batches = c.integer(doc, "micro_batches", path, default=4 if (pipeline or 1) > 1 else 1, minimum=1,
+                              maximum=1024)
+    activations = model_activations = None
+    if model is not None and isinstance(model, dict) and all(k in model for k in ("hidden", "sequence")):
+        model_activations = _activation_bytes(c, model, path + ("model",))
+    if doc.get("activations") is not None:
+        activations = c.unit(doc, "activations", path, units.parse_size_bytes)
+    activations = activations or model_activations or 1_000_000
+    layers = model.get("layers") if isinstance(model, dict) else None
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        c.problem(path + ("model", "layers"), f"expected a positive integer, got {_show(layers)}")
+        layers = None
+    per_stage_layers = max(1, layers // (pipeline or 1)) if layers else 1
 
     if c.problems or None in (iterations, data, mapping, forward, backward, algorithm, gradient) or mtu not in RDMA_MTUS:
         return None
@@ -137,7 +159,11 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     return Workload(name=str(name), description=str(description).strip(), iterations=iterations, data=data,
                     pipeline=pipeline, tensor=tensor, mapping=mapping, forward_ns=forward, backward_ns=backward,
                     algorithm=algorithm, allreduce_bytes=buckets, mtu_bytes=mtu, dcqcn=dcqcn in (True, "on"),
-                    gradient_bytes=gradient, gradient_source=source)
+                    gradient_bytes=gradient, gradient_source=source, pipeline_schedule=schedule,
+                    micro_batches=micro_batches, pipeline_bytes=activations,
+                    # Megatron: 2 AllReduces per layer forward (attention, MLP) and 2 backward;
+                    # modelled as one AllReduce of their total after each forward/backward
+                    tensor_bytes=2 * per_stage_layers * activations)
 
 
 def split_buckets(total_bytes: int, bucket_bytes: int | None) -> tuple:
@@ -152,7 +178,7 @@ def split_buckets(total_bytes: int, bucket_bytes: int | None) -> tuple:
 def _model_gradient_bytes(c, model, path: tuple, tensor: int | None, pipeline: int | None) -> int | None:
     """Gradient bytes one DP rank AllReduces per iteration: its shard of the parameters
     (1 / (tensor x pipeline)) x bytes per gradient element."""
-    model = c.mapping(model, path, ("parameters", "precision"))
+    model = c.mapping(model, path, ("parameters", "precision", "layers", "hidden", "micro_batch", "sequence"))
     params = model.get("parameters")
     count = _count(params)
     if count is None:
@@ -161,6 +187,20 @@ def _model_gradient_bytes(c, model, path: tuple, tensor: int | None, pipeline: i
     if count is None or precision is None or not tensor or not pipeline:
         return None
     return math.ceil(count * PRECISION_BYTES[precision] / (tensor * pipeline))
+
+
+def _activation_bytes(c, model: dict, path: tuple) -> int | None:
+    """One micro-batch's activations between layers: micro_batch x sequence x hidden x
+    bytes per element (what a pipeline stage sends on, and what a tensor-parallel
+    AllReduce carries)."""
+    vals = {}
+    for key, default in (("micro_batch", 1), ("sequence", None), ("hidden", None)):
+        v = model.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            c.problem(path + (key,), f"expected a positive integer, got {_show(v)}")
+            return None
+        vals[key] = v
+    return vals["micro_batch"] * vals["sequence"] * vals["hidden"] * PRECISION_BYTES.get(model.get("precision", "bf16"), 2)
 
 
 def _count(value) -> int | None:

@@ -33,35 +33,47 @@ RTO_REAL_NS = 128_000  # retransmission timeout in real time (x dilation in the 
 
 
 class Training:
-    def __init__(self, fabric, plan, workload, run_dir: Path, record, timing_slack: float = 1.0):
+    def __init__(self, fabric, plan, workload, run_dir: Path, record, link_delay: bool = False):
         self.fabric, self.plan, self.workload, self.run_dir = fabric, plan, workload, run_dir
-        self.record, self.slack = record, timing_slack
-        self.ops = schedule.build(workload, plan.hosts)
+        self.record = record
+        self.link_bps = plan.scenario.fabric.host_link.rate_bps
+        self.latency_ns = self.max_ring_propagation_ns() if link_delay else 0
+        self.ops, self.collectives = schedule.build_plan(workload, plan.hosts, self.link_bps,
+                                                         plan.scenario.fabric.nvlink_rate_bps, self.latency_ns)
         self.procs = {}
         self.records_dir = run_dir / "agents"
-        self.n = len(schedule.ranks(workload, plan.hosts))
+        self.n = len(self.ops)
 
     # -- ideal -----------------------------------------------------------------------------
-    def ideal(self, link_delay_emulated: bool = False) -> dict:
-        """Real-time ideal of one iteration: compute + every bucket's ring AllReduce."""
-        link_bps = self.plan_link().rate_bps
-        latency_ns = self.max_ring_propagation_ns() if link_delay_emulated else 0
-        per_bucket = [schedule.ring_ideal_ns(b, self.n, link_bps, self.workload.mtu_bytes, latency_ns)
-                      for b in self.workload.allreduce_bytes]
-        return {"link_bps": link_bps, "step_latency_ns": latency_ns, "allreduce_ns": per_bucket,
-                "iteration_ns": self.workload.compute_ns + sum(per_bucket)}
-
-    def plan_link(self):
-        return self.plan.scenario.fabric.host_link
+    def ideal(self) -> dict:
+        """Real-time ideal of one iteration without overlap: the compute on the critical path
+        (for a pipeline, (micro-batches + stages - 1) forward/backward slots: the GPipe/1F1B
+        bubble), the tensor-parallel AllReduces of one rank, and one data-parallel group's
+        collectives."""
+        wl = self.workload
+        first = [c for c in self.collectives if c["iteration"] == 0]
+        dp = [c["ideal_ns"] for c in first if c["phase"] == "dp" and c.get("stage", 0) == 0
+              and c.get("tp_rank", 0) == 0]
+        if wl.pipeline > 1:
+            compute = (wl.micro_batches + wl.pipeline - 1) * wl.compute_ns
+            tp_count = 2 * wl.micro_batches
+        else:
+            compute, tp_count = wl.compute_ns, 2
+        tp = [c["ideal_ns"] for c in first if c["phase"] == "tp"][:1] * tp_count if wl.tensor > 1 else []
+        return {"link_bps": self.link_bps, "step_latency_ns": self.latency_ns, "compute_ns": compute,
+                "tensor_parallel_ns": sum(tp), "data_parallel_ns": sum(dp),
+                "iteration_ns": compute + sum(tp) + sum(dp)}
 
     def max_ring_propagation_ns(self) -> int:
-        """Cable delay along the longest path between ring neighbours."""
+        """Cable delay along the longest path between neighbours of the first data-parallel ring."""
         order = schedule.ranks(self.workload, self.plan.hosts)
         delay = {frozenset((link.a, link.b)): link.delay_ns for link in self.plan.fabric_links}
         worst = 0
         for i, a in enumerate(order):
+            if order[(i + 1) % len(order)] == a:
+                continue
             path = self.plan.ecmp_paths(a, order[(i + 1) % len(order)], limit=1)[0]
-            names = [hop[0] if isinstance(hop, tuple) else hop for hop in path]
+            names = [hop[0] for hop in path]
             worst = max(worst, sum(delay.get(frozenset(pair), 0) for pair in zip(names, names[1:])))
         return worst
 
@@ -71,7 +83,7 @@ class Training:
         work = self.run_dir / "work"
         work.mkdir(exist_ok=True)
         hosts = {h.name: h for h in self.plan.hosts}
-        line_bps = self.plan_link().rate_bps
+        line_bps = self.link_bps
         try:
             for name, ops in schedule.to_json(self.ops).items():
                 h = hosts[name]
@@ -168,41 +180,47 @@ def load_records(records_dir: Path) -> list:
     return out
 
 
-def summarise(records: list, workload, ideal: dict, dilation: float, n: int) -> dict:
-    """Per iteration: step time (real-fabric equivalent) vs ideal; per AllReduce: time from
-    the moment every rank had entered it to the last rank leaving it, vs the ring ideal,
-    and bus bandwidth (nccl-tests definition) vs the link rate."""
+def summarise(records: list, workload, collectives: list, ideal: dict, dilation: float) -> dict:
+    """Per iteration: step time (real-fabric equivalent) vs ideal; per collective: time from
+    the moment every member had entered it to the last member leaving it, vs its ideal,
+    and for gradient collectives the bus bandwidth (nccl-tests definition) vs the link."""
     ops = [r for r in records if r.get("type") == "op"]
     qps = [r for r in records if r.get("type") == "qp"]
-    iterations, collectives = [], []
+    gpus = {r["gpu"] for r in ops}
+    iterations, out = [], []
+    by_collective: dict[int, list] = {}
+    for o in ops:
+        if o["collective"] >= 0:
+            by_collective.setdefault(o["collective"], []).append(o)
     for it in range(workload.iterations):
         mine = [o for o in ops if o["iteration"] == it]
         if not mine:
             break
-        t0 = min(o["ready_ns"] for o in mine if o["kind"] == "compute")
-        t1 = max(o["end_ns"] for o in mine)
-        complete = len({o["gpu"] for o in mine if o["kind"] == "compute"}) == n
+        t0, t1 = min(o["ready_ns"] for o in mine), max(o["end_ns"] for o in mine)
         iterations.append({"iteration": it, "step_ns": (t1 - t0) / dilation, "ideal_ns": ideal["iteration_ns"],
-                           "ratio": (t1 - t0) / dilation / ideal["iteration_ns"], "complete": complete})
-        for b, size in enumerate(workload.allreduce_bytes):
-            col = [o for o in mine if o["collective"] == b]
-            firsts = {}
-            for o in col:
-                if o["kind"] == "send" and o["step"] == 0:
-                    firsts[o["gpu"]] = o["ready_ns"]
-            if len(firsts) < n:
-                continue
-            start, end = max(firsts.values()), max(o["end_ns"] for o in col)
-            elapsed = (end - start) / dilation
-            collectives.append({
-                "iteration": it, "collective": b, "algorithm": workload.algorithm, "bytes": size, "ranks": n,
-                "time_ns": elapsed, "ideal_ns": ideal["allreduce_ns"][b], "ratio": elapsed / ideal["allreduce_ns"][b],
-                "busbw_bps": schedule.bus_bandwidth_bps(size, n, elapsed),
-                "busbw_of_line": schedule.bus_bandwidth_bps(size, n, elapsed) / ideal["link_bps"]})
+                           "ratio": (t1 - t0) / dilation / ideal["iteration_ns"],
+                           "complete": {o["gpu"] for o in mine} == gpus})
+    for c in collectives:
+        got = by_collective.get(c["id"], [])
+        members = set(c["gpus"])
+        if {o["gpu"] for o in got} != members:
+            continue  # not every member got to it (an interrupted run)
+        entered = max(min(o["ready_ns"] for o in got if o["gpu"] == g) for g in members)
+        elapsed = (max(o["end_ns"] for o in got) - entered) / dilation
+        row = {k: c[k] for k in ("id", "iteration", "phase", "algorithm", "bytes", "ranks") if k in c}
+        row.update({k: c[k] for k in ("bucket", "stage", "tp_rank", "micro_batch", "when") if k in c})
+        row["time_ns"] = elapsed
+        if c.get("ideal_ns"):
+            row.update(ideal_ns=c["ideal_ns"], ratio=elapsed / c["ideal_ns"])
+        if c["phase"] == "dp" and elapsed > 0:
+            busbw = schedule.bus_bandwidth_bps(c["bytes"], c["ranks"], elapsed, c["algorithm"])
+            row.update(busbw_bps=busbw, busbw_of_line=busbw / ideal["link_bps"])
+        out.append(row)
     totals = {k: sum(q.get(k, 0) for q in qps) for k in ("packets_sent", "retransmitted", "timeouts", "naks_sent",
                                                           "cnps_sent", "cnps_received", "ce_received", "dcqcn_cuts")}
+    totals["nvlink_packets_sent"] = sum(q.get("packets_sent", 0) for q in qps if q.get("link") == "nvlink")
     nics = [r for r in records if r.get("type") == "nic"]
     totals["pause_frames_received"] = sum(n.get("pause_frames_received", 0) for n in nics)
     totals["paused_real_ns"] = sum(n.get("paused_ns", 0) for n in nics) / dilation
-    return {"iterations": iterations, "collectives": collectives, "transport": totals, "ideal": ideal,
+    return {"iterations": iterations, "collectives": out, "transport": totals, "ideal": ideal,
             "header_bytes_per_packet": roce.HEADER_BYTES}

@@ -143,6 +143,11 @@ class Agent:
         self.op_by_id = ops
         compute_end = {}
         pending = deque(ops)
+        # a connection's messages are matched in planned order: post its sends and receives so
+        planned = defaultdict(deque)
+        for op in self.ops:
+            if op["kind"] != "compute":
+                planned[(op["peer"], op.get("link", "fabric"), op["kind"])].append(op["id"])
         rto_ns = int(self.d.duration_ns(self.rto_real_ns))
         while time.monotonic_ns() < start_ns:
             time.sleep(max(0.0, (start_ns - time.monotonic_ns()) / 1e9))
@@ -163,6 +168,12 @@ class Agent:
                     if not all(self.state[d] == "done" for d in op["deps"]):
                         pending.append(op_id)
                         continue
+                    if op["kind"] != "compute":
+                        key = (op["peer"], op.get("link", "fabric"), op["kind"])
+                        if planned[key][0] != op_id:
+                            pending.append(op_id)  # an earlier message on this connection goes first
+                            continue
+                        planned[key].popleft()
                     self.ready_at[op_id] = now
                     self.state[op_id] = "running"
                     progressed = True

@@ -48,7 +48,7 @@ def test_ring_schedule_is_consistent_and_every_rank_sees_every_chunk():
                     assert by_id[dep].kind == "recv" and by_id[dep].step == o.step - 1
             elif o.kind == "recv":
                 recvs[(o.peer, name)].append((o.iteration, o.step, o.bytes))
-        assert sum(o.kind == "compute" for o in lst) == 2
+        assert sum(o.kind == "compute" for o in lst) == 2 * 2  # forward and backward, 2 iterations
         assert sum(o.kind == "recv" for o in lst) == 2 * 2 * (n - 1)
     assert sends == recvs  # matched in order, pair by pair
     chunks = schedule.chunk_sizes(1_000_000, n)
