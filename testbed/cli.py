@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="bring the fabric up, check every GPU pair, record results, tear down")
     _add_scenario_args(p)
     p.add_argument("--cli", action="store_true", help="open the Mininet CLI after bring-up")
+    p.add_argument("--pcap", default="", metavar="PORTS",
+                   help="capture these ports into the run folder (comma-separated: leaf1-eth1,h1-eth0; bounded)")
     p.add_argument("--no-traffic", action="store_true",
                    help="bring the fabric up and prove reachability, but do not run the workload")
     p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
 
             sc = _load(args)
             opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold,
-                                  train=not args.no_traffic)
+                                  train=not args.no_traffic, pcap=args.pcap)
             if args.results:
                 opts.results_dir = args.results
             try:

@@ -64,6 +64,7 @@ class RunOptions:
     hook: object = None  # callable(RunContext) run after reachability (tests and labs use it)
     train: bool = True  # run the scenario's workload (if it has one) after reachability
     before_training: object = None  # callable(RunContext) run after reachability, before training
+    pcap: str = ""  # comma-separated ports to capture during training (capture.parse_ports)
 
 
 @dataclass
@@ -155,6 +156,9 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
         raise RunError("run needs root (network namespaces, OVS): sudo python3 -m testbed run")
     datapath = capabilities.choose_datapath(options.datapath or scenario.datapath)
     plan = planning.build(scenario, datapath)
+    from .capture import Captures, parse_ports
+
+    pcap_ports = parse_ports(options.pcap, plan) if options.pcap else []
     netem = capabilities.qdisc_support().get("netem", False)
     run_id, run_dir = new_run_dir(options.results_dir, scenario.name)
     manifest = {
@@ -218,6 +222,9 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             write_manifest(run_dir, manifest)
             LOG.info("reachability: all %d GPU pairs answered over the planned number of hops",
                      manifest["reachability"]["pairs"])
+            if pcap_ports:
+                stack.enter_context(Captures(fab, pcap_ports, run_dir / "pcap", record))
+                manifest["pcap"] = {"ports": pcap_ports, "folder": "pcap"}
             if options.before_training:
                 options.before_training(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
             if scenario.workload is not None and options.train:

@@ -109,31 +109,50 @@ def _pfc(q) -> str:
 
 
 def _workload(plan, wl) -> list:
-    """Ranks on GPUs and what every AllReduce step sends where, fabric vs NVLink bytes."""
+    """Ranks on GPUs and what the schedule sends where: per step of the first data-parallel
+    collective, and per iteration on the fabric vs on NVLink."""
     from . import schedule
     from .units import format_duration
 
-    order = schedule.ranks(wl, plan.hosts)
-    n = len(order)
-    out = [f"workload {wl.name}: {wl.iterations} iterations; compute {format_duration(wl.compute_ns)} "
-           f"(forward {format_duration(wl.forward_ns)} + backward {format_duration(wl.backward_ns)}); "
-           f"DP {wl.data} x PP {wl.pipeline} x TP {wl.tensor}; gradients {format_size(wl.gradient_bytes)} "
-           f"({wl.gradient_source}) in {len(wl.allreduce_bytes)} {wl.algorithm} AllReduce(s); "
-           f"RoCE MTU {wl.mtu_bytes}; DCQCN {'on' if wl.dcqcn else 'off'}"]
+    lay = schedule.layout(wl, plan.hosts)
+    ops, collectives = schedule.build_plan(wl, plan.hosts)
+    out = [f"workload {wl.name}: {wl.iterations} iterations; DP {wl.data} x PP {wl.pipeline} x TP {wl.tensor}; "
+           f"compute forward {format_duration(wl.forward_ns)} + backward {format_duration(wl.backward_ns)}"
+           + (f" per micro-batch, {wl.micro_batches} micro-batches ({wl.pipeline_schedule})" if wl.pipeline > 1
+              else "")
+           + f"; gradients {format_size(wl.gradient_bytes)} ({wl.gradient_source}) in "
+             f"{len(wl.allreduce_bytes)} bucket(s) by {wl.algorithm}; RoCE MTU {wl.mtu_bytes}; "
+             f"DCQCN {'on' if wl.dcqcn else 'off'}"]
+    if wl.pipeline > 1:
+        out.append(f"  pipeline: {format_size(wl.pipeline_bytes)} of activations per micro-batch and hop")
+    if wl.tensor > 1:
+        out.append(f"  tensor parallel: AllReduce of {format_size(wl.tensor_bytes)} on NVLink after every "
+                   f"forward and backward")
     mapping = wl.mapping if isinstance(wl.mapping, str) else "explicit list"
-    out.append(f"  ranks ({mapping}):")
-    for r, name in enumerate(order):
+    out.append(f"  ranks (mapping {mapping}): GPU, global rank, pipeline stage, data-parallel rank, tensor rank")
+    for r, name in enumerate(lay.order):
         h = plan.host(name)
-        right = order[(r + 1) % n]
-        hops = len(plan.ecmp_paths(name, right, limit=1)[0]) - 2
-        out.append(f"    rank {r:<3} {name:5} server {h.server} GPU {h.local_rank} on {h.leaf:8} sends to "
-                   f"rank {(r + 1) % n} ({right}, {hops} switch{'es' if hops != 1 else ''})")
-    for b, size in enumerate(wl.allreduce_bytes):
-        chunks = schedule.chunk_sizes(size, n)
-        per_gpu = 2 * (n - 1) * max(chunks)
-        out.append(f"  AllReduce {b} of {format_size(size)}: {2 * (n - 1)} steps (reduce-scatter {n - 1}, "
-                   f"all-gather {n - 1}); each step every rank sends one chunk of {format_size(max(chunks))} "
-                   f"to its right neighbour")
-        out.append(f"    per iteration: {format_size(per_gpu)} per GPU on the fabric, {format_size(per_gpu * n)} "
-                   f"in all; 0 B on NVLink (tensor parallelism is not emulated yet)")
+        out.append(f"    {name:5} rank {r:<3} stage {lay.stage[name]:<2} dp {lay.dp_rank[name]:<3} "
+                   f"tp {lay.tp_rank[name]:<2} server {h.server} GPU {h.local_rank} on {h.leaf}")
+    first = [c for c in collectives if c["iteration"] == 0 and c["phase"] == "dp"][:1]
+    if first:
+        c = first[0]
+        out.append(f"  data-parallel {c['algorithm']} of {format_size(c['bytes'])} over "
+                   f"{' '.join(c['gpus'])}; per step:")
+        steps = {}
+        for name in c["gpus"]:
+            for op in ops[name]:
+                if op.collective == c["id"] and op.kind == "send":
+                    steps.setdefault(op.step, []).append(f"{name}->{op.peer} {format_size(op.bytes)}"
+                                                         + (" (NVLink)" if op.link == "nvlink" else ""))
+        for step, sends in sorted(steps.items())[:8]:
+            out.append(f"    step {step:<2} " + ", ".join(sends[:8]) + (" ..." if len(sends) > 8 else ""))
+        if len(steps) > 8:
+            out.append(f"    ... {len(steps)} steps in all")
+    fabric = sum(op.bytes for lst in ops.values() for op in lst
+                 if op.kind == "send" and op.iteration == 0 and op.link == "fabric")
+    nvlink = sum(op.bytes for lst in ops.values() for op in lst
+                 if op.kind == "send" and op.iteration == 0 and op.link == "nvlink")
+    out.append(f"  per iteration: {format_size(fabric)} on the fabric, {format_size(nvlink)} on NVLink "
+               f"(payload bytes sent by all GPUs)")
     return out
