@@ -155,3 +155,59 @@ def test_dcqcn_off_ignores_cnps():
     rp = ReactionPoint(400e9, 0, Params(), enabled=False)
     rp.on_cnp(10)
     assert rp.rate_bps == 400e9 and rp.cnps == 1
+
+
+def test_layout_megatron_order_and_tensor_groups_stay_in_a_server():
+    p = default_plan("workload.parallelism.tensor=2", "workload.parallelism.pipeline=2")
+    lay = schedule.layout(p.scenario.workload, p.hosts)
+    assert lay.tp_groups[(0, 0)] == ["h1", "h2"] and lay.tp_groups[(1, 1)] == ["h7", "h8"]
+    assert lay.chains[(0, 0)] == ["h1", "h5"]  # stage 0 on server 1, stage 1 on server 2
+    assert lay.dp_groups[(0, 0)] == ["h1", "h3"]
+    with pytest.raises(Exception, match="spans servers"):
+        schedule.layout(default_plan("workload.parallelism.tensor=2",
+                                     "workload.mapping=[h1, h5, h2, h6, h3, h7, h4, h8]").scenario.workload, p.hosts)
+
+
+@pytest.mark.parametrize("kind,stage,want", [
+    ("gpipe", 0, [("F", 0), ("F", 1), ("F", 2), ("B", 2), ("B", 1), ("B", 0)]),
+    ("1f1b", 0, [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]),  # 2 warm-up forwards
+    ("1f1b", 1, [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)]),
+    ("1f1b", 2, [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]),
+])
+def test_pipeline_orders(kind, stage, want):
+    assert schedule.pipeline_order(kind, 3, stage, 3) == want
+
+
+@pytest.mark.parametrize("algorithm", ["halving-doubling", "all-to-all", "hierarchical", "reduce-scatter",
+                                       "all-gather", "ring"])
+def test_every_collective_pairs_its_messages(algorithm):
+    """Replayed per connection: each send has the peer's receive of the same size in the
+    same order, and the collective moves the bytes its definition says."""
+    p = default_plan(f"workload.collective.algorithm={algorithm}", "workload.iterations=1",
+                     "workload.collective.bytes=800KB")
+    ops = schedule.build(p.scenario.workload, p.hosts)
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for name, lst in ops.items():
+        for o in lst:
+            if o.kind == "send":
+                sends[(name, o.peer, o.link)].append(o.bytes)
+            elif o.kind == "recv":
+                recvs[(o.peer, name, o.link)].append(o.bytes)
+    assert sends == recvs
+    fabric = sum(b for (_, _, link), lst in sends.items() if link == "fabric" for b in lst)
+    nvlink = sum(b for (_, _, link), lst in sends.items() if link == "nvlink" for b in lst)
+    n, s = 8, 800_000
+    expected = {"ring": 2 * (n - 1) * s, "reduce-scatter": (n - 1) * s, "all-gather": (n - 1) * s,
+                "all-to-all": (n - 1) * s, "halving-doubling": 2 * (n - 1) * s,
+                "hierarchical": 2 * (2 - 1) * s}  # 4 rails x ring of S/4 over 2 servers
+    assert fabric == pytest.approx(expected[algorithm], rel=0.01)
+    assert (nvlink > 0) == (algorithm == "hierarchical")
+
+
+def test_tensor_parallel_traffic_stays_on_nvlink():
+    p = default_plan("workload.parallelism.tensor=4", "workload.iterations=1")
+    ops = schedule.build(p.scenario.workload, p.hosts)
+    tp = [o for lst in ops.values() for o in lst if o.phase == "tp"]
+    assert tp and all(o.link == "nvlink" for o in tp)
+    servers = {h.name: h.server for h in p.hosts}
+    assert all(servers[o.peer] == servers[name] for name, lst in ops.items() for o in lst if o.phase == "tp")
