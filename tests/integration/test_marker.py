@@ -37,7 +37,7 @@ def configure(m, buffer, kmin, kmax, pmax, ecn=True):
     pq = queues.PortQueue(switch="t", port=1, intf="lo", peer="x", rate_bps=8, emulated_rate_bps=8,
                           buffer_bytes=buffer, ecn=ecn, kmin_bytes=kmin, kmax_bytes=kmax, pmax=pmax, pfc=False,
                           xoff_bytes=0, xon_bytes=0, headroom_bytes=0, headroom_formula_bytes=0, burst_bytes=0,
-                          fifo_limit_bytes=buffer)
+                          fifo_limit_bytes=buffer, delay_ns=0, emulated_delay_ns=0)
     m.configure(LO_IFINDEX, pq)
     return pq
 

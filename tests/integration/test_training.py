@@ -50,7 +50,7 @@ def test_ring_allreduce_on_a_non_blocking_fabric_runs_at_line_rate(tmp_path, cle
     assert t["packets_sent"] == 8 * 2 * 14 * 62
     records = load_records(result.run_dir / "agents")
     ops = [r for r in records if r["type"] == "op"]
-    assert len(ops) == 8 * 2 * (1 + 4 * 7)
+    assert len(ops) == 8 * 2 * (2 + 4 * 7)  # forward, backward, 14 ring steps of a send and a recv
     assert all(o["end_ns"] >= o["start_ns"] >= o["ready_ns"] for o in ops)
     # the switches delivered every GPU its share: 2 x 14 chunks of 62 packets (plus ACKs)
     assert all(n >= 2 * 14 * 62 for n in seen["tx"].values()), seen["tx"]
@@ -181,3 +181,51 @@ def test_pcap_of_a_run_opens_in_tshark_with_roce_dissected(tmp_path, clean_slate
                              check=True).stdout.split("\n")
         opcodes = {line.split("\t")[0] for line in out if line}
         assert {"0", "1", "2", "17"} <= opcodes, (port, opcodes)  # SEND first/middle/last, ACK
+
+
+def _first_forward_start(records, gpu):
+    """When a GPU began its first forward, relative to the earliest op of the run (emulated ns)."""
+    ops = [r for r in records if r["type"] == "op"]
+    t0 = min(o["ready_ns"] for o in ops)
+    return min(o["ready_ns"] for o in ops if o["gpu"] == gpu and o["phase"] == "forward") - t0
+
+
+def _step_times(records):
+    ops = [r for r in records if r["type"] == "op"]
+    t0 = min(o["ready_ns"] for o in ops)
+    return {g: max(o["end_ns"] for o in ops if o["gpu"] == g) - t0 for g in {o["gpu"] for o in ops}}
+
+
+def test_a_slow_link_stretches_the_stages_behind_it_and_every_allreduce_rank(tmp_path, clean_slate):
+    """leaf-spine, leaf1's uplinks slowed from 400G to 100G (a scenario knob). An 8-stage
+    pipeline h1 -> ... -> h8 crosses them once, between h4 and h5: the stages behind that
+    hop start their first forward later, the ones before it do not notice. A data-parallel
+    ring over the same GPUs crosses them too, and every GPU's step stretches."""
+    slow = ["fabric.leaves=[{hosts: 4, uplinks: {count: 4, rate: 100G}}, {hosts: 4}]"]
+    pipe = ["workload.parallelism.pipeline=8", "workload.iterations=1", "workload.micro_batches=2",
+            "workload.activations=400KB", "workload.mapping=sequential"]
+    ring = ["workload.iterations=1", "workload.collective.bytes=1MB", "workload.mapping=sequential"]
+
+    seen = {}
+
+    def records(name, sets):
+        path = tmp_path / name / "slow.yaml"
+        path.write_text(yaml.safe_dump({"name": "slow-link", "topology": "leaf-spine", "traffic": "dp-ring"}))
+        sc = scenario.load(str(path), sets)
+        result = run.run(sc, run.RunOptions(results_dir=tmp_path / name))
+        assert result.status == "ok", result.reason
+        seen["dilation"] = result.manifest["dilation"]
+        return load_records(result.run_dir / "agents")
+
+    for name in ("pipe", "pipe-slow", "ring", "ring-slow"):
+        (tmp_path / name).mkdir()
+    base, slowed = records("pipe", pipe), records("pipe-slow", pipe + slow)
+    dilation = seen["dilation"]
+    # the extra time 400 KB takes at 100G instead of 400G, real ns
+    extra_ns = 400_000 * 8 * (1 / 100e9 - 1 / 400e9) * 1e9
+    shift = {g: (_first_forward_start(slowed, g) - _first_forward_start(base, g)) / dilation
+             for g in ("h2", "h3", "h4", "h5", "h6", "h8")}
+    assert all(abs(shift[g]) < 0.2 * extra_ns for g in ("h2", "h3", "h4")), (shift, extra_ns)
+    assert all(shift[g] > 0.7 * extra_ns for g in ("h5", "h6", "h8")), (shift, extra_ns)
+    base, slowed = _step_times(records("ring", ring)), _step_times(records("ring-slow", ring + slow))
+    assert all(slowed[g] > 1.5 * base[g] for g in base), (base, slowed)
