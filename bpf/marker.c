@@ -119,9 +119,8 @@ int marker(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct cfg *c = bpf_map_lookup_elem(&testbed_cfg, &ifindex);
 	struct state *s, zero = {};
-	void *data, *data_end;
-	struct ethhdr *eth;
-	struct iphdr *ip;
+	__u16 proto = 0;
+	__u8 vihl_tos[2] = {0, 0}; /* IPv4 version/IHL byte and TOS */
 	__u64 len = skb->len, depth, span, now, epoch, rate, burst, buffer, kmin, kmax, pmax;
 	__u32 draw;
 	int is_ect = 0, is_control = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop */
@@ -144,15 +143,14 @@ int marker(struct __sk_buff *skb)
 	pmax = c->pmax;
 	epoch = c->epoch;
 
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	eth = data;
-	if ((void *)(eth + 1) <= data_end && eth->h_proto == bpf_htons(ETH_P_IP)) {
-		ip = (void *)(eth + 1);
-		if ((void *)(ip + 1) <= data_end) {
-			is_ect = (ip->tos & ECN_MASK) != 0;
-			is_control = (ip->tos >> 2) == DSCP_CONTROL;
-		}
+	/* Headers are read with bpf_skb_load_bytes, not direct packet access: a frame larger
+	 * than a page sent through a packet socket (OVS's userspace datapath, RoCE's 4 KB
+	 * payloads) has only its Ethernet header in the linear area. */
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2) == 0 &&
+	    proto == bpf_htons(ETH_P_IP) &&
+	    bpf_skb_load_bytes(skb, ETH_HLEN, vihl_tos, 2) == 0 && (vihl_tos[0] >> 4) == 4) {
+		is_ect = (vihl_tos[1] & ECN_MASK) != 0;
+		is_control = (vihl_tos[1] >> 2) == DSCP_CONTROL;
 	}
 	/* one store through the context pointer (the verifier refuses a derived one) */
 	skb->queue_mapping = is_control ? QUEUE_CONTROL : QUEUE_DATA;
@@ -214,19 +212,14 @@ int marker(struct __sk_buff *skb)
 		__u8 tos, ce;
 		__u16 old, new;
 
-		/* re-validate after the helper calls above; set CE and fix the IP checksum */
-		data = (void *)(long)skb->data;
-		data_end = (void *)(long)skb->data_end;
-		ip = data + sizeof(struct ethhdr);
-		if ((void *)(ip + 1) > data_end)
-			return TC_ACT_OK;
-		tos = ip->tos;
+		/* set CE and fix the IP checksum (the helpers work on non-linear frames too) */
+		tos = vihl_tos[1];
 		if ((tos & ECN_MASK) == ECN_CE)
 			return TC_ACT_OK;
 		ce = tos | ECN_CE;
 		/* the 16-bit word holding version/ihl and tos */
-		old = bpf_htons(((__u16)(*(__u8 *)ip) << 8) | tos);
-		new = bpf_htons(((__u16)(*(__u8 *)ip) << 8) | ce);
+		old = bpf_htons(((__u16)vihl_tos[0] << 8) | tos);
+		new = bpf_htons(((__u16)vihl_tos[0] << 8) | ce);
 		bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old, new, 2);
 		bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tos), &ce, 1, 0);
 	}

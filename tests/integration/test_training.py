@@ -70,7 +70,8 @@ def write_scenario(tmp_path, **queues) -> str:
 
 def test_ecn_and_dcqcn_cut_sender_rates_without_loss(tmp_path, clean_slate):
     result, summary = train(tmp_path, write_scenario(tmp_path, buffer="4MB", pfc="off",
-                                                     ecn={"kmin": "50KB", "kmax": "200KB", "pmax": 0.2}))
+                                                     ecn={"kmin": "50KB", "kmax": "200KB", "pmax": 0.2}),
+                            "workload.collective.bytes=1MB")
     t = summary["transport"]
     assert t["ce_received"] > 0 and t["cnps_sent"] > 0 and t["cnps_received"] == t["cnps_sent"]
     assert t["dcqcn_cuts"] > 0
@@ -133,7 +134,8 @@ def test_pfc_headroom_below_the_formula_drops(tmp_path, clean_slate):
     arriving after XOFF overflow the buffer, so there are headroom drops and the GPUs
     retransmit; with the formula's headroom (the test above) there are none."""
     result, summary = train(tmp_path, write_scenario(tmp_path, buffer="400KB", ecn="off",
-                                                     pfc={"headroom": "4KB"}), "workload.transport.dcqcn=off")
+                                                     pfc={"headroom": "4KB"}), "workload.transport.dcqcn=off",
+                            "workload.collective.bytes=1MB")
     p = result.manifest["pfc"]
     assert p["xoff_sent"] > 0 and p["drops"] > 0 and p["headroom_high_water_bytes"] > 0, p
     assert summary["transport"]["retransmitted"] > 0
