@@ -22,12 +22,12 @@ def train(tmp_path, ref, *sets, hook=None):
     return result, summary
 
 
-def tx_packets(switch: str, port: int) -> int:
-    """Packets the switch sent out of a port, live from the datapath (the database's
-    interface statistics are refreshed only every few seconds)."""
+def port_packets(switch: str, port: int, direction: str = "tx") -> int:
+    """Packets a switch port sent (tx) or received (rx), live from the datapath (the
+    database's interface statistics are refreshed only every few seconds)."""
     out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", switch, str(port)], capture_output=True,
                          text=True, check=True, timeout=30).stdout
-    return int(re.search(r"tx pkts=(\d+)", out).group(1))
+    return int(re.search(direction + r" pkts=(\d+)", out).group(1))
 
 
 def test_ring_allreduce_on_a_non_blocking_fabric_runs_at_line_rate(tmp_path, clean_slate):
@@ -37,7 +37,7 @@ def test_ring_allreduce_on_a_non_blocking_fabric_runs_at_line_rate(tmp_path, cle
     seen = {}
 
     def hook(ctx):  # after training, fabric still up: OVS counted the RoCE packets
-        seen["tx"] = {h.name: tx_packets(h.leaf, h.leaf_port) for h in ctx.plan.hosts}
+        seen["tx"] = {h.name: port_packets(h.leaf, h.leaf_port) for h in ctx.plan.hosts}
 
     result, summary = train(tmp_path, "default", "workload.iterations=2", hook=hook)
     assert len(summary["collectives"]) == 2 and len(summary["iterations"]) == 2
@@ -156,7 +156,12 @@ def test_every_parallelism_and_collective_trains(tmp_path, clean_slate, sets):
     equal what the schedule planned for each link."""
     sc = scenario.load("default", ["workload.iterations=1", "workload.collective.bytes=512KB",
                                    "workload.activations=256KB", *sets])
-    result = run.run(sc, run.RunOptions(results_dir=tmp_path))
+    seen = {}
+
+    def hook(ctx):  # every frame the GPUs put on the fabric, as the leaves counted it
+        seen["rx"] = sum(port_packets(h.leaf, h.leaf_port, "rx") for h in ctx.plan.hosts)
+
+    result = run.run(sc, run.RunOptions(results_dir=tmp_path, hook=hook))
     assert result.status == "ok", result.reason
     summary = json.loads((result.run_dir / "training.json").read_text())
     records = load_records(result.run_dir / "agents")
@@ -167,6 +172,11 @@ def test_every_parallelism_and_collective_trains(tmp_path, clean_slate, sets):
     sent = {link: sum(q["packets_sent"] for q in records if q["type"] == "qp" and q["link"] == link)
             for link in ("fabric", "nvlink")}
     assert sent == planned
+    control = sum(q.get(k, 0) for q in records if q["type"] == "qp" and q["link"] == "fabric"
+                  for k in ("acks_sent", "naks_sent", "cnps_sent"))
+    # the leaves saw the planned fabric data, its ACKs and the reachability pings, nothing more:
+    # the tensor-parallel AllReduces never reached the fabric
+    assert planned["fabric"] + control <= seen["rx"] <= planned["fabric"] + control + 500, (seen, planned, control)
     t = summary["transport"]
     assert t["retransmitted"] == 0 and t["timeouts"] == 0 and t["naks_sent"] == 0
     assert summary["collectives"] and all(c["time_ns"] > 0 for c in summary["collectives"])

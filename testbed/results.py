@@ -1,0 +1,111 @@
+"""A run folder as pandas DataFrames (the only pandas import), for notebooks and reports.
+
+    from testbed import results
+    r = results.load("results/default-20261202T185848Z")
+    r.ops.groupby(["gpu", "phase"]).wait_real_ns.sum()
+
+Every time column says its clock and unit: ``*_ns`` columns from the agents are
+CLOCK_MONOTONIC nanoseconds of the emulation; ``*_real_ns`` columns are real-fabric time
+(emulated / dilation) since the run's first op. Rates are real bits per second, sizes bytes.
+
+Frames (empty when the run did not produce them):
+- ``ops``: one row per op of every GPU: gpu, id, kind (compute/send/recv), iteration,
+  phase (forward/backward/dp/tp/pp), collective, step, peer, link (fabric/nvlink), bytes,
+  micro_batch, ready/start/end (emulated ns), ready/start/end_real_ns, duration_real_ns,
+  wait_real_ns (a receive's time blocked on its peer: end - ready).
+- ``qps``: one row per reliable connection (gpu, peer, link): packets sent, retransmitted,
+  timeouts, NAKs, duplicates, out-of-order, bytes received, ACKs/NAKs/CNPs sent, CNPs and
+  CE received, DCQCN cuts, final_rate_bps.
+- ``rates``: DCQCN rate changes: gpu, peer, link, t_real_ns, rate_bps, alpha.
+- ``pauses``: GPU NICs paused/resumed by PFC: gpu, event, t_real_ns.
+- ``iterations``, ``collectives``: ``training.json``'s per-iteration step times and
+  per-collective times with their ideal, ratio and bus bandwidth.
+- ``pfc_events``: ``pfc.jsonl`` as it happened (port, event, quanta, why, t_real_ns);
+  ``pfc_ports``: per switch port totals (frames, paused_ns, paused_real_ns, headroom
+  high-water, drops).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import TestbedError
+
+
+@dataclass
+class Results:
+    run_dir: Path
+    manifest: dict
+    ops: pd.DataFrame
+    qps: pd.DataFrame
+    rates: pd.DataFrame
+    pauses: pd.DataFrame
+    iterations: pd.DataFrame
+    collectives: pd.DataFrame
+    pfc_events: pd.DataFrame
+    pfc_ports: pd.DataFrame
+    extra: dict = field(default_factory=dict)
+
+
+def _jsonl(path: Path) -> list:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # the last line of an interrupted run may be cut short
+    return rows
+
+
+def load(run_dir) -> Results:
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.exists():
+        raise TestbedError(f"{run_dir}: not a run folder (no manifest.json)")
+    manifest = json.loads(manifest_path.read_text())
+    d = float(manifest.get("dilation") or 1)
+    agent_rows = [r for p in sorted((run_dir / "agents").glob("*.jsonl")) for r in _jsonl(p)]
+    by_type: dict[str, list] = {}
+    for r in agent_rows:
+        by_type.setdefault(r.get("type"), []).append(r)
+    ops = pd.DataFrame(by_type.get("op", []))
+    t0 = None
+    if not ops.empty:
+        ops = ops.drop(columns=["type"]).sort_values(["gpu", "id"]).reset_index(drop=True)
+        t0 = ops.ready_ns.min()
+        for col in ("ready", "start", "end"):
+            ops[f"{col}_real_ns"] = (ops[f"{col}_ns"] - t0) / d
+        ops["duration_real_ns"] = ops.end_real_ns - ops.start_real_ns
+        ops["wait_real_ns"] = (ops.end_real_ns - ops.ready_real_ns).where(ops.kind == "recv", 0.0)
+
+    def timed(rows, drop=("type",)):
+        df = pd.DataFrame(rows)
+        if df.empty:
+            return df
+        df = df.drop(columns=[c for c in drop if c in df.columns])
+        if "t_ns" in df.columns and t0 is not None:
+            df["t_real_ns"] = (df.t_ns - t0) / d
+        return df
+
+    qps = timed(by_type.get("qp", []))
+    rates = timed(by_type.get("rate", []))
+    pauses = timed([{**r, "event": r["type"]} for r in by_type.get("paused", []) + by_type.get("resumed", [])])
+    if not pauses.empty:
+        pauses = pauses.sort_values("t_ns").reset_index(drop=True)
+    summary = json.loads((run_dir / "training.json").read_text()) if (run_dir / "training.json").exists() else {}
+    pfc_rows = _jsonl(run_dir / "pfc.jsonl")
+    pfc_events = timed([r for r in pfc_rows if r.get("event") != "port"], drop=())
+    pfc_ports = pd.DataFrame([r for r in pfc_rows if r.get("event") == "port"])
+    if not pfc_ports.empty:
+        pfc_ports = pfc_ports.drop(columns=["event"])
+    return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, rates=rates, pauses=pauses,
+                   iterations=pd.DataFrame(summary.get("iterations", [])),
+                   collectives=pd.DataFrame(summary.get("collectives", [])), pfc_events=pfc_events,
+                   pfc_ports=pfc_ports, extra={"transport": summary.get("transport", {}),
+                                               "ideal": summary.get("ideal", {})})

@@ -1,0 +1,44 @@
+"""The run-folder loader: documented frames, real-time columns, a cut-short last line."""
+
+import json
+
+import pytest
+
+from testbed import results
+from testbed import errors
+
+
+def write(path, rows, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def test_load_builds_frames_with_real_time_columns(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"run_id": "x", "dilation": 1000, "status": "ok"}))
+    (tmp_path / "agents").mkdir()
+    op = {"type": "op", "iteration": 0, "phase": "dp", "collective": 0, "step": 0, "link": "fabric",
+          "micro_batch": -1}
+    write(tmp_path / "agents" / "h1.jsonl", [
+        {**op, "gpu": "h1", "id": 0, "kind": "send", "peer": "h2", "bytes": 4096, "ready_ns": 1_000_000,
+         "start_ns": 1_000_000, "end_ns": 3_000_000},
+        {**op, "gpu": "h1", "id": 1, "kind": "recv", "peer": "h2", "bytes": 4096, "ready_ns": 1_000_000,
+         "start_ns": 1_000_000, "end_ns": 5_000_000},
+        {"gpu": "h1", "type": "rate", "t_ns": 2_000_000, "peer": "h2", "link": "fabric", "rate_bps": 2e11,
+         "alpha": 0.5},
+        {"gpu": "h1", "type": "qp", "peer": "h2", "link": "fabric", "packets_sent": 1, "retransmitted": 0},
+    ], tail='{"gpu": "h1", "type": "op", "id"')  # an interrupted run's last line
+    write(tmp_path / "pfc.jsonl", [{"t_ns": 1_500_000, "event": "xoff_sent", "port": "leaf1-eth1", "quanta": 65535},
+                                   {"event": "port", "port": "leaf1-eth1", "frames_sent": 1, "drops": 0}])
+    r = results.load(tmp_path)
+    assert list(r.ops.kind) == ["send", "recv"]
+    assert list(r.ops.end_real_ns) == [2000.0, 4000.0]  # (end - first ready) / dilation
+    assert list(r.ops.wait_real_ns) == [0.0, 4000.0]  # only receives wait on a peer
+    assert r.rates.t_real_ns.tolist() == [1000.0] and r.rates.rate_bps.tolist() == [2e11]
+    assert r.qps.packets_sent.tolist() == [1]
+    assert r.pfc_events.port.tolist() == ["leaf1-eth1"] and r.pfc_events.t_real_ns.tolist() == [500.0]
+    assert r.pfc_ports.frames_sent.tolist() == [1]
+    assert r.iterations.empty and r.collectives.empty and r.pauses.empty
+
+
+def test_not_a_run_folder(tmp_path):
+    with pytest.raises(errors.TestbedError, match="not a run folder"):
+        results.load(tmp_path)
