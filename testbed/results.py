@@ -20,6 +20,10 @@ Frames (empty when the run did not produce them):
 - ``pauses``: GPU NICs paused/resumed by PFC: gpu, event, t_real_ns.
 - ``iterations``, ``collectives``: ``training.json``'s per-iteration step times and
   per-collective times with their ideal, ratio and bus bandwidth.
+- ``ports``: the controller's OpenFlow port counters per switch port and poll (switch,
+  port, intf, t_ns, t_real_ns, rx/tx packets, bytes, dropped, errors) with, per interval,
+  ``tx_bps``/``rx_bps`` (real-fabric bits/s: emulated rate x dilation) and
+  ``tx_utilisation`` (of the port's link rate).
 - ``pfc_events``: ``pfc.jsonl`` as it happened (port, event, quanta, why, t_real_ns);
   ``pfc_ports``: per switch port totals (frames, paused_ns, paused_real_ns, headroom
   high-water, drops).
@@ -48,6 +52,7 @@ class Results:
     collectives: pd.DataFrame
     pfc_events: pd.DataFrame
     pfc_ports: pd.DataFrame
+    ports: pd.DataFrame = field(default_factory=pd.DataFrame)
     extra: dict = field(default_factory=dict)
 
 
@@ -104,8 +109,27 @@ def load(run_dir) -> Results:
     pfc_ports = pd.DataFrame([r for r in pfc_rows if r.get("event") == "port"])
     if not pfc_ports.empty:
         pfc_ports = pfc_ports.drop(columns=["event"])
-    return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, rates=rates, pauses=pauses,
+    ports = _ports(run_dir, d, t0)
+    return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, rates=rates, pauses=pauses, ports=ports,
                    iterations=pd.DataFrame(summary.get("iterations", [])),
                    collectives=pd.DataFrame(summary.get("collectives", [])), pfc_events=pfc_events,
                    pfc_ports=pfc_ports, extra={"transport": summary.get("transport", {}),
                                                "ideal": summary.get("ideal", {})})
+
+
+def _ports(run_dir: Path, dilation: float, t0) -> pd.DataFrame:
+    df = pd.DataFrame(_jsonl(run_dir / "ports.jsonl"))
+    if df.empty:
+        return df
+    if t0 is None:
+        t0 = df.t_ns.min()
+    df = df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
+    df["t_real_ns"] = (df.t_ns - t0) / dilation
+    dt_real_s = df.groupby("intf").t_ns.diff() / dilation / 1e9
+    for way in ("tx", "rx"):
+        df[f"{way}_bps"] = df.groupby("intf")[f"{way}_bytes"].diff() * 8 / dt_real_s
+    plan_path = run_dir / "plan.json"
+    if plan_path.exists():
+        rates = {q["intf"]: q["rate_bps"] for q in json.loads(plan_path.read_text()).get("queues", [])}
+        df["tx_utilisation"] = df.tx_bps / df.intf.map(rates)
+    return df

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__, capabilities, plan as planning, registry, units
+from . import __version__, capabilities, plan as planning, registry, telemetry, units
 from .errors import RunError, TestbedError
 from .process import Controller, free_tcp_port
 from .scenario import ROOT, Scenario
@@ -188,8 +188,12 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             work = run_dir / "work"
             work.mkdir()
             port = free_tcp_port()
+            interval_ns = int(plan.dilation.duration_ns(telemetry.DEFAULT_INTERVAL_REAL_NS))
+            manifest["telemetry"] = {"port_counters": "ports.jsonl", "interval_real_ns":
+                                     telemetry.DEFAULT_INTERVAL_REAL_NS, "interval_emulated_ns": interval_ns}
             ctl = stack.enter_context(Controller(plan_path, run_dir, port,
-                                                 on_start=lambda pid: record.add(processes=[pid])))
+                                                 on_start=lambda pid: record.add(processes=[pid]),
+                                                 stats_interval_ns=interval_ns))
             ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
             t0 = time.monotonic()
             from .fabric import MininetFabric  # Mininet is imported only when a fabric is built

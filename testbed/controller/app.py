@@ -21,7 +21,9 @@ from os_ken.controller import ofp_event
 from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
 from os_ken.ofproto import ofproto_v1_5
 
-from .. import ofwire, routing
+from os_ken.lib import hub
+
+from .. import ofwire, routing, telemetry
 
 # Set by testbed.controller.__main__ before the app is instantiated.
 SETTINGS: dict = {}
@@ -66,6 +68,8 @@ class TestbedController(app_manager.OSKenApp):
         self.logic = routing.FabricController(plan)
         self.datapaths = {}
         self.event_log.write("started", pid=os.getpid(), switches=len(self.logic.switches))
+        self.port_log = open(SETTINGS["ports"], "a", buffering=1) if SETTINGS.get("ports") else None
+        self.poller = None
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     @fatal_on_error
@@ -83,6 +87,30 @@ class TestbedController(app_manager.OSKenApp):
                               groups=out.groups, seconds=out.seconds)
         if self.logic.all_ready:
             self.event_log.write("fabric_ready")
+            if self.port_log is not None and self.poller is None:
+                self.poller = telemetry.Poller(SETTINGS["interval_ns"], time.monotonic_ns())
+                hub.spawn(self._poll_ports)
+
+    def _poll_ports(self):
+        """Every interval, ask every switch for its port counters (replies: on_port_stats)."""
+        try:
+            while True:
+                now = time.monotonic_ns()
+                if self.poller.due(now):
+                    for dp in list(self.datapaths.values()):
+                        dp.send_msg(dp.ofproto_parser.OFPPortStatsRequest(dp, 0, dp.ofproto.OFPP_ANY))
+                hub.sleep(self.poller.wait_s(time.monotonic_ns()))
+        except Exception as exc:  # noqa: BLE001 - a dead collector must end the run loudly
+            self.event_log.write("fatal", handler="_poll_ports", error=f"{type(exc).__name__}: {exc}",
+                                 traceback=traceback.format_exc())
+            os._exit(FATAL_EXIT)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    @fatal_on_error
+    def on_port_stats(self, ev):
+        name = self.logic.switches[ev.msg.datapath.id]["name"]
+        for rec in telemetry.port_records(time.monotonic_ns(), name, ev.msg.body):
+            self.port_log.write(json.dumps(rec) + "\n")
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     @fatal_on_error

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from testbed import plan as planning, run, scenario, schedule
+from testbed import plan as planning, results, run, scenario, schedule
 from testbed.process import wait_for
 from testbed.training import load_records
 
@@ -54,6 +54,13 @@ def test_ring_allreduce_on_a_non_blocking_fabric_runs_at_line_rate(tmp_path, cle
     assert all(o["end_ns"] >= o["start_ns"] >= o["ready_ns"] for o in ops)
     # the switches delivered every GPU its share: 2 x 14 chunks of 62 packets (plus ACKs)
     assert all(n >= 2 * 14 * 62 for n in seen["tx"].values()), seen["tx"]
+    # the controller's port counters show the synchronisation burst: every GPU-facing port
+    # ran at line rate for at least one poll interval, and idled during compute
+    ports = results.load(result.run_dir).ports
+    gpu_ports = ports[ports.intf.isin([f"leaf{i}-eth{j}" for i in range(1, 5) for j in (1, 2)])]
+    peak = gpu_ports.groupby("intf").tx_utilisation.max()
+    assert len(peak) == 8 and peak.min() > 0.9 and peak.max() < 1.1, peak
+    assert (gpu_ports.tx_utilisation < 0.05).sum() > 0  # compute phases: the ports idle
 
 
 def write_scenario(tmp_path, **queues) -> str:
