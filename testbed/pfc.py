@@ -54,6 +54,19 @@ def parse(data: bytes) -> tuple[str, dict[int, int]] | None:
     return src, {p: times[p] for p in range(8) if vector & (1 << p)}
 
 
+def drain(sock):
+    """Every PFC frame waiting on a non-blocking packet socket, as (source MAC, {priority:
+    quanta}); anything else on the socket is skipped."""
+    while True:
+        try:
+            data = sock.recv(256)
+        except BlockingIOError:
+            return
+        parsed = parse(data)
+        if parsed is not None:
+            yield parsed
+
+
 def pause_ns(quanta: int, real_rate_bps: float) -> float:
     """How long ``quanta`` pause a link, in real-fabric nanoseconds (x dilation to emulate)."""
     return quanta * QUANTUM_BITS * 1e9 / real_rate_bps

@@ -141,15 +141,9 @@ class Pfcd:
         self.record(t_ns=now, event="paused" if paused else "resumed", port=pq["intf"])
 
     def receive(self, port: Port, now: int):
-        while True:
-            try:
-                data = port.sock.recv(256)
-            except BlockingIOError:
-                return
-            parsed = pfc.parse(data)
-            if parsed is None or parsed[0] == port.mac:
-                continue  # not PFC, or our own frame seen on the way out
-            _src, quanta = parsed
+        for src, quanta in pfc.drain(port.sock):
+            if src == port.mac:
+                continue  # our own frame, seen on the way out
             if pfc.LOSSLESS_PRIORITY not in quanta:
                 continue
             port.frames_received += 1

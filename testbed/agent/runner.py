@@ -261,15 +261,10 @@ class Agent:
 
     # -- PFC -------------------------------------------------------------------------------
     def receive_pause(self, now: int):
-        while True:
-            try:
-                data = self.pause.recv(256)
-            except BlockingIOError:
-                return
-            parsed = pfc.parse(data)
-            if parsed is None or pfc.LOSSLESS_PRIORITY not in parsed[1]:
+        for _src, by_priority in pfc.drain(self.pause):
+            if pfc.LOSSLESS_PRIORITY not in by_priority:
                 continue
-            quanta = parsed[1][pfc.LOSSLESS_PRIORITY]
+            quanta = by_priority[pfc.LOSSLESS_PRIORITY]
             self.nic_counters["pause_frames_received"] += 1
             if quanta:
                 line = self.nics["fabric"].line_bps

@@ -78,3 +78,16 @@ def test_queues_view_counts_pfc_events(tmp_path):
     assert pfc_counts(events) == {"leaf2-eth5": {"pfc_sent": 2, "pauses": 0, "paused": False},
                                   "spine1-eth2": {"pfc_sent": 0, "pauses": 2, "paused": True}}
     assert pfc_counts(tmp_path / "none.jsonl") == {}
+
+
+def test_drain_yields_waiting_pfc_frames_and_skips_the_rest():
+    import socket
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with a, b:
+        b.setblocking(False)
+        a.send(pfc.frame("02:01:00:00:01:01", {3: 0xFFFF}))
+        a.send(bytes.fromhex("ffffffffffff020100000101080600010800060400010201"))  # ARP
+        a.send(pfc.frame("02:01:00:00:01:02", {3: 0}))
+        assert list(pfc.drain(b)) == [("02:01:00:00:01:01", {3: 0xFFFF}), ("02:01:00:00:01:02", {3: 0})]
+        assert list(pfc.drain(b)) == []
