@@ -12,6 +12,8 @@ link's real rate; quanta 0 resumes (XON).
 
 from __future__ import annotations
 
+import ctypes
+import socket
 import struct
 from dataclasses import dataclass
 
@@ -52,6 +54,28 @@ def parse(data: bytes) -> tuple[str, dict[int, int]] | None:
     times = struct.unpack_from("!8H", data, 18)
     src = ":".join(f"{b:02x}" for b in data[6:12])
     return src, {p: times[p] for p in range(8) if vector & (1 << p)}
+
+
+ETH_P_ALL = 0x0003
+SOL_PACKET, PACKET_QDISC_BYPASS = 263, 20
+SO_ATTACH_FILTER = 26
+# classic BPF: accept EtherType 0x8808 (whole frame), drop everything else
+_FILTER = [(0x28, 0, 0, 12), (0x15, 0, 1, ETH_TYPE_MAC_CONTROL), (0x06, 0, 0, 0xFFFF), (0x06, 0, 0, 0)]
+
+
+def open_socket(intf: str) -> socket.socket:
+    """A non-blocking packet socket on ``intf`` that receives only MAC-control frames and
+    sends past the qdiscs. It listens on ETH_P_ALL, as a tap: a socket bound to 0x8808
+    alone is served after the device's rx handler, and OVS's kernel datapath (the lab VM)
+    consumes every frame there; the filter keeps data frames out of user space."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    insns = (ctypes.c_uint8 * (8 * len(_FILTER)))(*b"".join(struct.pack("=HBBI", *i) for i in _FILTER))
+    prog = struct.pack("HL", len(_FILTER), ctypes.addressof(insns))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, prog)
+    sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+    sock.bind((intf, ETH_P_ALL))
+    sock.setblocking(False)
+    return sock  # SO_ATTACH_FILTER copied the program: insns may go
 
 
 def drain(sock):

@@ -41,9 +41,6 @@ from .tc import PAUSED_RATE_BPS, PortTc
 from .units import Dilation
 
 POLL_S = 0.001
-SOL_PACKET = 263
-PACKET_QDISC_BYPASS = 20
-ETH_P_PFC = pfc.ETH_TYPE_MAC_CONTROL
 
 
 @dataclass
@@ -75,10 +72,7 @@ class Pfcd:
         self.ports: dict[str, Port] = {}
         for entry in cfg["ports"]:
             pq = entry["queue"]
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_PFC))
-            sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
-            sock.bind((pq["intf"], ETH_P_PFC))
-            sock.setblocking(False)
+            sock = pfc.open_socket(pq["intf"])
             pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
             hyst = pfc.Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
             self.ports[pq["intf"]] = Port(pq=pq, ifindex=entry["ifindex"], mac=entry["mac"], sock=sock,

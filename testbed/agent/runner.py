@@ -104,9 +104,7 @@ class Agent:
         self.rx.bind(("0.0.0.0", roce.ROCE_UDP_PORT))  # fabric and NVLink addresses
         self.rx.setblocking(False)
         # PFC from the leaf: the fabric NIC stops the data class (control frames still go)
-        self.pause = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(pfc.ETH_TYPE_MAC_CONTROL))
-        self.pause.bind((cfg["nics"]["fabric"]["intf"], pfc.ETH_TYPE_MAC_CONTROL))
-        self.pause.setblocking(False)
+        self.pause = pfc.open_socket(cfg["nics"]["fabric"]["intf"])
         self.paused_until_ns = 0
         self.paused_since_ns = None
         self.nic_counters = defaultdict(int)
