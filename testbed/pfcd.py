@@ -33,10 +33,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import pfc, queues
 from .bpfmap import Map
 from .errors import RunError
+from .process import read_events, read_line, stop_children
 from .tc import PAUSED_RATE_BPS, PortTc
 from .units import Dilation
 
@@ -201,7 +203,7 @@ class PfcDaemon:
     def config(self) -> dict:
         ports = []
         for pq in self.egress.ports:
-            mac = open(f"/sys/class/net/{pq.intf}/address").read().strip()
+            mac = Path(f"/sys/class/net/{pq.intf}/address").read_text().strip()
             feeders = [f"{pq.switch}-eth{p}" for p in pfc.feeders(self.plan, pq.switch, pq.port)] if pq.pfc else []
             ports.append({"queue": pq.to_dict(), "ifindex": self.egress.tc.ifindex(pq.intf), "mac": mac,
                           "feeders": feeders})
@@ -211,13 +213,12 @@ class PfcDaemon:
     def __enter__(self):
         path = self.run_dir / "work" / "pfcd.json"
         path.write_text(json.dumps(self.config()))
-        self.proc = subprocess.Popen([sys.executable, "-m", "testbed.pfcd", str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=open(self.run_dir / "pfcd.log", "w"),
-                                     text=True)
+        with open(self.run_dir / "pfcd.log", "w") as log:  # the child keeps its own copy of the fd
+            self.proc = subprocess.Popen([sys.executable, "-m", "testbed.pfcd", str(path)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, text=True)
         self.record.add(processes=[self.proc.pid])
         try:
-            ready, _, _ = select.select([self.proc.stdout], [], [], self.READY_TIMEOUT_S)
-            line = self.proc.stdout.readline() if ready else ""
+            line = read_line(self.proc, time.monotonic() + self.READY_TIMEOUT_S, "the PFC process to start")
             if line.strip() != "ready":
                 raise RunError(f"the PFC process did not start (see {self.run_dir / 'pfcd.log'})")
         except BaseException:
@@ -234,22 +235,12 @@ class PfcDaemon:
         if self.proc is None:
             return False
         proc, self.proc = self.proc, None
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=self.EXIT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=self.EXIT_TIMEOUT_S)
+        stop_children({"the PFC process": proc}, self.EXIT_TIMEOUT_S)
         return False
 
     def totals(self) -> dict:
         """Per-port counters the process wrote at exit, summed, and the ports that paused."""
-        rows = [json.loads(line) for line in self.events.read_text().splitlines() if line.strip()] \
-            if self.events.exists() else []
-        ports = [r for r in rows if r.get("event") == "port"]
+        ports = [r for r in read_events(self.events) if r.get("event") == "port"]
         keys = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "drops")
         out = {k: sum(p[k] for p in ports) for k in keys}
         out["paused_ports"] = sorted(p["port"] for p in ports if p["frames_received"])

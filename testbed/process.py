@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import signal
 import socket
 import subprocess
@@ -29,6 +30,46 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = POLL_S):
         if time.monotonic() > deadline:
             raise RunError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def read_line(proc: subprocess.Popen, deadline: float, what: str) -> str:
+    """The next line a child process writes on its stdout (text mode), by ``deadline``
+    (monotonic s); RunError naming ``what`` if it exits or the deadline passes first."""
+    while True:
+        if proc.poll() is not None:
+            raise RunError(f"waiting for {what}: it exited with code {proc.returncode}: {stderr_tail(proc)}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RunError(f"timed out after waiting for {what}")
+        readable, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+        if readable:
+            return proc.stdout.readline()
+
+
+def stderr_tail(proc: subprocess.Popen) -> str:
+    """The end of an exited child's stderr (when it was piped), for error messages."""
+    if proc.poll() is None or proc.stderr is None:
+        return ""
+    return (proc.stderr.read() or "").strip()[-2000:]
+
+
+def stop_children(procs: dict, timeout_s: float):
+    """Children that stop when their stdin closes: close every stdin first (they wind down
+    together), wait, and end by PID the ones still running at the deadline."""
+    for proc in procs.values():
+        try:
+            if proc.stdin:
+                proc.stdin.close()
+        except OSError:
+            pass
+    end = time.monotonic() + timeout_s
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            LOG.warning("%s (pid %d) did not exit; ending it", name, proc.pid)
+            proc.kill()
+            proc.wait(timeout=timeout_s)
 
 
 def free_tcp_port() -> int:

@@ -13,6 +13,7 @@ from . import queues, registry
 from .bpfmap import BpfError, Map
 from .errors import RunError
 from .marker import PIN_ROOT
+from .process import read_events
 from .tc import PortTc
 from .units import format_duration, format_size
 
@@ -35,13 +36,7 @@ def pfc_counts(events_path: Path) -> dict:
     """Per port, from the run's PFC events so far: PFC frames sent out of it (XOFF and XON),
     times its data class was paused by its neighbour, and whether it is paused now."""
     out: dict[str, dict] = {}
-    if not events_path.exists():
-        return out
-    for line in events_path.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue  # a line being written
+    for e in read_events(events_path):
         row = out.setdefault(e.get("port"), {"pfc_sent": 0, "pauses": 0, "paused": False})
         if e.get("event") in ("xoff_sent", "xon_sent"):
             row["pfc_sent"] += 1

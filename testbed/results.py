@@ -38,6 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import TestbedError
+from .process import read_events
 
 
 @dataclass
@@ -56,18 +57,6 @@ class Results:
     extra: dict = field(default_factory=dict)
 
 
-def _jsonl(path: Path) -> list:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # the last line of an interrupted run may be cut short
-    return rows
-
-
 def load(run_dir) -> Results:
     run_dir = Path(run_dir)
     manifest_path = run_dir / "manifest.json"
@@ -75,7 +64,7 @@ def load(run_dir) -> Results:
         raise TestbedError(f"{run_dir}: not a run folder (no manifest.json)")
     manifest = json.loads(manifest_path.read_text())
     d = float(manifest.get("dilation") or 1)
-    agent_rows = [r for p in sorted((run_dir / "agents").glob("*.jsonl")) for r in _jsonl(p)]
+    agent_rows = [r for p in sorted((run_dir / "agents").glob("*.jsonl")) for r in read_events(p)]
     by_type: dict[str, list] = {}
     for r in agent_rows:
         by_type.setdefault(r.get("type"), []).append(r)
@@ -104,7 +93,7 @@ def load(run_dir) -> Results:
     if not pauses.empty:
         pauses = pauses.sort_values("t_ns").reset_index(drop=True)
     summary = json.loads((run_dir / "training.json").read_text()) if (run_dir / "training.json").exists() else {}
-    pfc_rows = _jsonl(run_dir / "pfc.jsonl")
+    pfc_rows = read_events(run_dir / "pfc.jsonl")
     pfc_events = timed([r for r in pfc_rows if r.get("event") != "port"], drop=())
     pfc_ports = pd.DataFrame([r for r in pfc_rows if r.get("event") == "port"])
     if not pfc_ports.empty:
@@ -118,7 +107,7 @@ def load(run_dir) -> Results:
 
 
 def _ports(run_dir: Path, dilation: float, t0) -> pd.DataFrame:
-    df = pd.DataFrame(_jsonl(run_dir / "ports.jsonl"))
+    df = pd.DataFrame(read_events(run_dir / "ports.jsonl"))
     if df.empty:
         return df
     if t0 is None:

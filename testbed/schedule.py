@@ -73,7 +73,7 @@ def layout(workload: Workload, hosts) -> Layout:
         order = list(workload.mapping)
     else:
         order = [h.name for h in sorted(hosts, key=lambda h: (h.server, h.local_rank))]
-    tp, dp, pp = workload.tensor, workload.data, workload.pipeline
+    tp, dp = workload.tensor, workload.data
     lay = Layout(order=order, stage={}, dp_rank={}, tp_rank={})
     for r, name in enumerate(order):
         u, t = divmod(r, tp)
@@ -87,7 +87,7 @@ def layout(workload: Workload, hosts) -> Layout:
                               f"tensor parallelism stays on one server's NVLink (tensor must divide "
                               f"gpus_per_server, and a mapping list must keep each group on one server)")
     if workload.mapping == "rail":
-        for key, members in lay.dp_groups.items():
+        for members in lay.dp_groups.values():
             members.sort(key=lambda g: (by_name[g].local_rank, by_name[g].server))
     return lay
 
@@ -224,7 +224,7 @@ class _Builder:
             ends[name] = tuple(mine)
         return ends
 
-    def data_parallel(self, wl, group, size, deps, it, lay, hosts, meta):
+    def data_parallel(self, wl, group, size, deps, it, hosts, meta):
         """One gradient bucket's collective over a data-parallel group."""
         algo = wl.algorithm
         cid = self.collective(iteration=it, phase="dp", algorithm=algo, bytes=size, ranks=len(group),
@@ -291,7 +291,7 @@ def build_plan(workload: Workload, hosts, link_bps: float = 0.0, nvlink_bps: flo
         if wl.data > 1:
             for bucket, size in enumerate(wl.allreduce_bytes):
                 for key, group in sorted(lay.dp_groups.items()):
-                    ends = b.data_parallel(wl, group, size, {g: last[g] for g in group}, it, lay, hosts_by,
+                    ends = b.data_parallel(wl, group, size, {g: last[g] for g in group}, it, hosts_by,
                                            {"bucket": bucket, "stage": key[0], "tp_rank": key[1]})
                     last.update(ends)
     for c in b.collectives:

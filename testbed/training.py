@@ -12,10 +12,6 @@ results beside the analytical ideal.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import select
-import signal
 import subprocess
 import sys
 import time
@@ -23,9 +19,9 @@ from pathlib import Path
 
 from . import roce, schedule
 from .errors import RunError
+from .process import read_events, read_line, stderr_tail, stop_children
 from .scenario import ROOT
 
-LOG = logging.getLogger(__name__)
 READY_TIMEOUT_S = 120  # 8 agents importing Scapy at once take ~1 min under QEMU software emulation
 START_MARGIN_S = 0.5
 EXIT_TIMEOUT_S = 10
@@ -109,30 +105,13 @@ class Training:
                 self.record.add(processes=[proc.pid])
             deadline = time.monotonic() + READY_TIMEOUT_S
             for name, proc in self.procs.items():
-                line = self._readline(proc, deadline, f"agent {name} to open its sockets")
+                line = read_line(proc, deadline, f"agent {name} to open its sockets")
                 if line.strip() != "ready":
-                    raise RunError(f"agent {name} did not start: {line.strip()} {self._stderr(proc)}")
+                    raise RunError(f"agent {name} did not start: {line.strip()} {stderr_tail(proc)}")
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
-
-    def _readline(self, proc, deadline: float, what: str) -> str:
-        while True:
-            if proc.poll() is not None:
-                raise RunError(f"waiting for {what}: it exited with code {proc.returncode}: {self._stderr(proc)}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RunError(f"timed out after waiting for {what}")
-            readable, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
-            if readable:
-                return proc.stdout.readline()
-
-    @staticmethod
-    def _stderr(proc) -> str:
-        if proc.poll() is None:
-            return ""
-        return (proc.stderr.read() or "").strip()[-2000:]
 
     def train(self, timeout_s: float, on_progress=None) -> float:
         """Start every agent on one deadline and wait until all are done; returns the start
@@ -144,40 +123,21 @@ class Training:
             proc.stdin.flush()
         end = time.monotonic() + timeout_s + START_MARGIN_S + 5
         for name, proc in self.procs.items():
-            line = self._readline(proc, end, f"agent {name} to finish its schedule")
+            line = read_line(proc, end, f"agent {name} to finish its schedule")
             if line.strip() != "done":
-                raise RunError(f"agent {name} failed: {line.strip()} {self._stderr(proc)}")
+                raise RunError(f"agent {name} failed: {line.strip()} {stderr_tail(proc)}")
             if on_progress:
                 on_progress(name)
         return start_ns
 
     def __exit__(self, *exc):
-        for proc in self.procs.values():
-            try:
-                if proc.stdin:
-                    proc.stdin.close()
-            except OSError:
-                pass
-        end = time.monotonic() + EXIT_TIMEOUT_S
-        for name, proc in self.procs.items():
-            try:
-                proc.wait(timeout=max(0.1, end - time.monotonic()))
-            except Exception:
-                LOG.warning("agent %s (pid %d) did not exit; ending it", name, proc.pid)
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=EXIT_TIMEOUT_S)
+        stop_children({f"agent {name}": proc for name, proc in self.procs.items()}, EXIT_TIMEOUT_S)
         return False
 
 
 def load_records(records_dir: Path) -> list:
-    out = []
-    for path in sorted(records_dir.glob("*.jsonl")):
-        with open(path) as f:
-            out += [json.loads(line) for line in f if line.strip()]
-    return out
+    """Every agent's records (a line cut short by an interrupted run is skipped)."""
+    return [r for path in sorted(records_dir.glob("*.jsonl")) for r in read_events(path)]
 
 
 def summarise(records: list, workload, collectives: list, ideal: dict, dilation: float) -> dict:

@@ -184,7 +184,6 @@ class Agent:
                         else:
                             ch.recv_ops.append(op_id)
                             self.match_recv(ch)
-                    break
             for op_id, end in list(compute_end.items()):
                 if now >= end:
                     del compute_end[op_id]
