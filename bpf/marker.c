@@ -18,12 +18,13 @@
  * lossless RoCE data class behind the TBF that this program models. While user space has
  * paused the data class (PFC: cfg.paused), the shadow queue does not drain.
  *
- * Two maps, keyed by ifindex, so one loaded program serves every port of a run (the run
- * pins program and maps under its own bpffs folder) and neither side ever overwrites
- * what the other counts:
- *   testbed_cfg   settings, written by user space only (ports without one pass untouched)
- *   testbed_state shadow queue and counters, written by this program only
- * "Max depth since the last read": user space bumps cfg.epoch, then reads; the first
+ * Maps, so one loaded program serves every port of a run (the run pins program and maps
+ * under its own bpffs folder) and no two writers share a value:
+ *   testbed_cfg   per ifindex: settings, written by the run and by PFC (paused) only
+ *                 (ports without one pass untouched)
+ *   testbed_state per ifindex: shadow queue and counters, written by this program only
+ *   testbed_epoch one u64, written by the collector only
+ * "Max depth since the last read": the collector bumps the epoch, then reads; the first
  * packet of a new epoch moves the finished epoch's maximum to prev_max_depth_bytes.
  */
 #include <linux/bpf.h>
@@ -49,7 +50,6 @@ struct cfg {
 	__u64 kmin_bytes;    /* marking starts above this depth */
 	__u64 kmax_bytes;    /* every ECT packet is marked at or above this depth */
 	__u64 pmax;          /* marking probability at kmax, scaled to 2^32 */
-	__u64 epoch;         /* bumped by user space at each read of max depth */
 	__u64 paused;        /* non-zero while PFC pauses the data class: no drain */
 };
 
@@ -82,6 +82,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct state);
 } testbed_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} testbed_epoch SEC(".maps");
 
 static __always_inline void drain(struct state *s, const struct cfg *c, __u64 now)
 {
@@ -116,7 +123,8 @@ static __always_inline void drain(struct state *s, const struct cfg *c, __u64 no
 SEC("tc")
 int marker(struct __sk_buff *skb)
 {
-	__u32 ifindex = skb->ifindex;
+	__u32 ifindex = skb->ifindex, zero_key = 0;
+	__u64 *epoch_p;
 	struct cfg *c = bpf_map_lookup_elem(&testbed_cfg, &ifindex);
 	struct state *s, zero = {};
 	__u16 proto = 0;
@@ -141,7 +149,8 @@ int marker(struct __sk_buff *skb)
 	kmin = c->kmin_bytes;
 	kmax = c->kmax_bytes;
 	pmax = c->pmax;
-	epoch = c->epoch;
+	epoch_p = bpf_map_lookup_elem(&testbed_epoch, &zero_key);
+	epoch = epoch_p ? *epoch_p : 0;
 
 	/* Headers are read with bpf_skb_load_bytes, not direct packet access: a frame larger
 	 * than a page sent through a packet socket (OVS's userspace datapath, RoCE's 4 KB

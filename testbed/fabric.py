@@ -177,8 +177,12 @@ class MininetFabric:
         return False
 
     def _check_free(self):
-        existing = set(subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True,
-                                      timeout=CMD_TIMEOUT_S, check=True).stdout.split())
+        listed = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True, text=True,
+                                timeout=CMD_TIMEOUT_S)
+        if listed.returncode:
+            raise RunError(f"Open vSwitch is not running ({listed.stderr.strip()[:200]}): start it with "
+                           f"scripts/install.sh, or /usr/share/openvswitch/scripts/ovs-ctl start")
+        existing = set(listed.stdout.split())
         links = set(_ip(["-o", "link", "show"]).stdout.split())
         clash = sorted(n for n in [s.name for s in self.plan.switches] if n in existing)
         clash += sorted(n for n in root_interfaces(self.plan) if f"{n}:" in links or any(

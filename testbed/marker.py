@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -22,6 +23,7 @@ BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "testbed"
 OBJECT = ROOT / "build" / "marker.o"
 CMD_TIMEOUT_S = 30
+EPOCH_SIZE = 8  # testbed_epoch: one u64
 
 
 def ensure_bpffs():
@@ -41,7 +43,7 @@ class Marker:
         self.prog_fd = -1
         self.cfg: bpfmap.Map | None = None
         self.state: bpfmap.Map | None = None
-        self.epoch = 0
+        self.counters: Counters | None = None
 
     def __enter__(self):
         if not OBJECT.exists():
@@ -54,7 +56,8 @@ class Marker:
                            timeout=CMD_TIMEOUT_S)
             self.prog_fd = bpfmap.obj_get(str(self.dir / "marker"))
             self.cfg = bpfmap.Map(str(self.dir / "testbed_cfg"), queues.CFG_SIZE)
-            self.state = bpfmap.Map(str(self.dir / "testbed_state"), queues.STATE_SIZE)
+            self.counters = Counters(self.dir)
+            self.state = self.counters.state
         except subprocess.CalledProcessError as exc:
             self.__exit__(None, None, None)
             raise RunError(f"loading {OBJECT} failed: {exc.stderr.strip()[-500:]}") from None
@@ -64,7 +67,7 @@ class Marker:
         return self
 
     def __exit__(self, *exc):
-        for m in (self.cfg, self.state):
+        for m in (self.cfg, self.counters):
             if m is not None:
                 m.close()
         if self.prog_fd >= 0:
@@ -76,17 +79,39 @@ class Marker:
     def configure(self, ifindex: int, pq: queues.PortQueue):
         """(Re)configure a port: its counters start from zero."""
         self.state.delete(ifindex)
-        self.cfg.update(ifindex, queues.marker_cfg(pq, self.epoch))
+        self.cfg.update(ifindex, queues.marker_cfg(pq))
 
-    def read(self, ports: dict[int, queues.PortQueue]) -> dict[int, dict]:
-        """Counters of every port; ``max_depth_bytes`` is the maximum since the previous read.
-        The epoch is bumped on every port first: the first packet of the new epoch moves the
-        finished epoch's maximum aside, so no burst between two reads is lost."""
+    def read(self, ports) -> dict[int, dict]:
+        return self.counters.read(ports)
+
+
+class Counters:
+    """The counters of a run's ports from its pinned maps: what the collector reads every
+    interval. The reader that owns the epoch map (one per run: the controller) gets
+    ``max_depth_bytes`` as the maximum since its previous read."""
+
+    def __init__(self, pins: Path):
+        self.state = bpfmap.Map(str(pins / "testbed_state"), queues.STATE_SIZE)
+        try:
+            self.epoch_map = bpfmap.Map(str(pins / "testbed_epoch"), EPOCH_SIZE)
+        except BaseException:
+            self.state.close()
+            raise
+        raw = self.epoch_map.lookup(0)
+        self.epoch = struct.unpack("=Q", raw)[0] if raw else 0
+
+    def close(self):
+        self.state.close()
+        self.epoch_map.close()
+
+    def read(self, ifindexes) -> dict[int, dict]:
+        """Counters of every port. The epoch is bumped first: the first packet of the new
+        epoch moves the finished epoch's maximum aside, so no burst between two reads is
+        lost. Ports that have seen no packet yet read as None."""
         self.epoch += 1
-        for ifindex, pq in ports.items():
-            self.cfg.update(ifindex, queues.marker_cfg(pq, self.epoch))
+        self.epoch_map.update(0, struct.pack("=Q", self.epoch))
         out = {}
-        for ifindex in ports:
+        for ifindex in ifindexes:
             raw = self.state.lookup(ifindex, lock=True)
             if raw is None:
                 out[ifindex] = None

@@ -125,7 +125,7 @@ class Pfcd:
         rate = PAUSED_RATE_BPS if paused else pq["emulated_rate_bps"]
         self.tc.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
         raw = self.cfg_map.lookup(port.ifindex)
-        if raw is not None:  # keep the epoch a reader may have bumped; flip only "paused"
+        if raw is not None:  # flip only "paused" (the run wrote the rest)
             fields = list(struct.unpack(queues.CFG_FORMAT, raw))
             fields[-1] = int(paused)
             self.cfg_map.update(port.ifindex, struct.pack(queues.CFG_FORMAT, *fields))

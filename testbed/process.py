@@ -100,10 +100,11 @@ def read_events(path: Path) -> list[dict]:
 class Controller:
     """``python -m testbed.controller`` in its own process, stopped by PID on exit."""
 
-    def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, stats_interval_ns: int = 0):
+    def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, stats_interval_ns: int = 0,
+                 pins: Path | None = None):
         self.plan_path, self.run_dir, self.port = plan_path, run_dir, port
-        self.stats_interval_ns = stats_interval_ns  # 0: no port counter collection
-        self.ports_path = run_dir / "ports.jsonl"
+        self.stats_interval_ns = stats_interval_ns  # 0: no collection (telemetry.py: what is collected)
+        self.pins = pins  # the run's marker pins (queue counters), if it has queues
         self.events_path = run_dir / "controller-events.jsonl"
         self.log_path = run_dir / "controller.log"
         self.on_start = on_start
@@ -113,7 +114,9 @@ class Controller:
         argv = [sys.executable, "-m", "testbed.controller", "--plan", str(self.plan_path),
                 "--events", str(self.events_path), "--port", str(self.port)]
         if self.stats_interval_ns:
-            argv += ["--ports-log", str(self.ports_path), "--interval-ns", str(self.stats_interval_ns)]
+            argv += ["--telemetry", str(self.run_dir), "--interval-ns", str(self.stats_interval_ns)]
+            if self.pins:
+                argv += ["--pins", str(self.pins)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=Path(__file__).resolve().parent.parent)

@@ -39,8 +39,8 @@ FIFO_SLACK_MTUS = 2
 ECN_OFF = 2 ** 64 - 1
 PMAX_ONE = 2 ** 32
 
-# bpf/marker.c: struct cfg (8 x u64) and struct state (12 x u64 + spin lock, padded)
-CFG_FORMAT = "=8Q"
+# bpf/marker.c: struct cfg (7 x u64) and struct state (12 x u64 + spin lock, padded)
+CFG_FORMAT = "=7Q"
 CFG_SIZE = struct.calcsize(CFG_FORMAT)
 STATE_FORMAT = "=12Q8x"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
@@ -119,7 +119,7 @@ def plan_queues(plan) -> tuple:
     return tuple(sorted(out, key=lambda pq: (pq.switch, pq.port)))
 
 
-def marker_cfg(pq: PortQueue, epoch: int = 0, paused: bool = False) -> bytes:
+def marker_cfg(pq: PortQueue, paused: bool = False) -> bytes:
     """``struct cfg`` of bpf/marker.c for a port."""
     if pq.ecn:
         kmin, kmax, pmax = pq.kmin_bytes, pq.kmax_bytes, int(round(pq.pmax * PMAX_ONE))
@@ -127,7 +127,7 @@ def marker_cfg(pq: PortQueue, epoch: int = 0, paused: bool = False) -> bytes:
         kmin = kmax = ECN_OFF
         pmax = 0
     return struct.pack(CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes, pq.buffer_bytes, kmin, kmax, pmax,
-                       epoch, int(paused))
+                       int(paused))
 
 
 def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> float:

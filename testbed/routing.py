@@ -5,13 +5,16 @@ to the wire and reports what happened; everything it decides is here and unit
 tested without a switch. Faucet's style: handlers take ``now`` and return
 messages and events.
 
-Program installed on every switch (OpenFlow 1.3, table 0):
-- priority 1000: EtherType 0x8808 (MAC control / PFC) is dropped: pause frames are
-  link-local and must never be forwarded by a bridge;
-- priority 100 + prefix length: IPv4 to a prefix -> decrement TTL, then output to
-  the one port, or to a select group over the ECMP ports that hashes the 5-tuple
-  (``HASH_FIELDS``), so flows differing only in UDP source port spread over the
-  uplinks (OVS's default group hash leaves UDP ports out: see ``ofwire``);
+Program installed on every switch (OpenFlow 1.3):
+- table 0, priority 1000: EtherType 0x8808 (MAC control / PFC) is dropped: pause
+  frames are link-local and must never be forwarded by a bridge;
+- table 0, priority 10: one counting flow per (in_port, ip_ecn) for IPv4, then
+  ``goto_table:1``: their packet counters are the per-link ECN codepoint counts
+  (Not-ECT, ECT(1), ECT(0), CE arriving over each link) the collector reads;
+- table 1, priority 100 + prefix length: IPv4 to a prefix -> decrement TTL, then
+  output to the one port, or to a select group over the ECMP ports that hashes the
+  5-tuple (``HASH_FIELDS``), so flows differing only in UDP source port spread over
+  the uplinks (OVS's default group hash leaves UDP ports out: see ``ofwire``);
 - no table-miss entry: anything else (ARP, IPv6) is dropped; hosts use static
   neighbour entries, so nothing needs flooding and no packet reaches the controller.
 """
@@ -25,6 +28,9 @@ ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_MAC_CONTROL = 0x8808
 PRIORITY_DROP_PAUSE = 1000
 PRIORITY_ROUTE_BASE = 100
+PRIORITY_COUNT = 10
+COUNT_TABLE, ROUTE_TABLE = 0, 1
+ECN_CODEPOINTS = ("not_ect", "ect1", "ect0", "ce")  # ip_ecn 0..3 (RFC 3168)
 HASH_FIELDS = ("ipv4_src", "ipv4_dst", "ip_proto", "tcp_src", "tcp_dst", "udp_src", "udp_dst")
 
 
@@ -45,6 +51,8 @@ class FlowAdd:
     priority: int
     match: tuple  # ((field, value), ...) in os-ken OFPMatch keyword names
     actions: tuple  # (("dec_nw_ttl",), ("output", port) | ("group", id))
+    table: int = COUNT_TABLE
+    goto: int | None = None  # goto_table after the actions
 
 
 @dataclass(frozen=True)
@@ -63,9 +71,9 @@ class SwitchReady:
     seconds: float  # connect -> barrier reply
 
 
-def switch_program(routes: list[dict]) -> list:
+def switch_program(routes: list[dict], in_ports=()) -> list:
     """Messages that program one switch from its planned routes
-    (``{"prefix": "10.0.2.0/24", "ports": [9, 10]}``)."""
+    (``{"prefix": "10.0.2.0/24", "ports": [9, 10]}``) and its fabric ports (ECN counting)."""
     msgs: list = [ClearSwitch()]
     groups: dict[tuple, int] = {}
     for r in routes:
@@ -74,13 +82,17 @@ def switch_program(routes: list[dict]) -> list:
             groups[ports] = len(groups) + 1
     msgs += [GroupAdd(gid, ports) for ports, gid in sorted(groups.items(), key=lambda kv: kv[1])]
     msgs.append(FlowAdd(PRIORITY_DROP_PAUSE, (("eth_type", ETH_TYPE_MAC_CONTROL),), ()))
+    for port in sorted(in_ports):
+        for ecn in range(len(ECN_CODEPOINTS)):
+            msgs.append(FlowAdd(PRIORITY_COUNT, (("in_port", port), ("eth_type", ETH_TYPE_IPV4), ("ip_ecn", ecn)), (),
+                                goto=ROUTE_TABLE))
     for r in sorted(routes, key=lambda r: (ipaddress.ip_network(r["prefix"]).prefixlen, r["prefix"]),
                     reverse=True):
         net = ipaddress.ip_network(r["prefix"])
         ports = tuple(sorted(r["ports"]))
         out = ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0])
         match = (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (str(net.network_address), str(net.netmask))))
-        msgs.append(FlowAdd(PRIORITY_ROUTE_BASE + net.prefixlen, match, (("dec_nw_ttl",), out)))
+        msgs.append(FlowAdd(PRIORITY_ROUTE_BASE + net.prefixlen, match, (("dec_nw_ttl",), out), table=ROUTE_TABLE))
     msgs.append(Barrier())
     return msgs
 
@@ -94,6 +106,10 @@ class FabricController:
         self.routes: dict[str, list] = {}
         for r in plan["routes"]:
             self.routes.setdefault(r["switch"], []).append(r)
+        self.ports: dict[str, list] = {}
+        for link in plan["links"]:
+            for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"])):
+                self.ports.setdefault(node, []).append(port)
         self.pending: dict[int, tuple[float, int, int]] = {}
         self.ready: set[int] = set()
 
@@ -103,7 +119,7 @@ class FabricController:
         sw = self.switches.get(dpid)
         if sw is None:
             return []
-        msgs = switch_program(self.routes.get(sw["name"], []))
+        msgs = switch_program(self.routes.get(sw["name"], []), self.ports.get(sw["name"], ()))
         flows = sum(isinstance(m, FlowAdd) for m in msgs)
         groups = sum(isinstance(m, GroupAdd) for m in msgs)
         self.pending[dpid] = (now, flows, groups)
@@ -125,3 +141,4 @@ class FabricController:
     @property
     def all_ready(self) -> bool:
         return self.ready == set(self.switches)
+

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__, capabilities, plan as planning, registry, telemetry, units
+from . import __version__, capabilities, collector, plan as planning, registry, telemetry, units
 from .errors import RunError, TestbedError
+from .marker import PIN_ROOT
 from .process import Controller, free_tcp_port
 from .scenario import ROOT, Scenario
 
@@ -189,11 +190,12 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             work.mkdir()
             port = free_tcp_port()
             interval_ns = int(plan.dilation.duration_ns(telemetry.DEFAULT_INTERVAL_REAL_NS))
-            manifest["telemetry"] = {"port_counters": "ports.jsonl", "interval_real_ns":
-                                     telemetry.DEFAULT_INTERVAL_REAL_NS, "interval_emulated_ns": interval_ns}
+            manifest["telemetry"] = {"files": [f"{name}.jsonl" for name in collector.FILES],
+                                     "interval_real_ns": telemetry.DEFAULT_INTERVAL_REAL_NS,
+                                     "interval_emulated_ns": interval_ns}
             ctl = stack.enter_context(Controller(plan_path, run_dir, port,
                                                  on_start=lambda pid: record.add(processes=[pid]),
-                                                 stats_interval_ns=interval_ns))
+                                                 stats_interval_ns=interval_ns, pins=PIN_ROOT / run_id))
             ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
             t0 = time.monotonic()
             from .fabric import MininetFabric  # Mininet is imported only when a fabric is built

@@ -7,73 +7,26 @@ attached by the file descriptor of the run's pinned program (loaded once, shared
 port), which picks the queue per packet. PFC pauses the data class by turning its TBF's
 rate down to ``PAUSED_RATE_BPS`` and back (lossless and in order, ~1 ms a change). Qdiscs and filters go
 away with their interface, so the fabric's teardown removes them. Counters are read
-with one RTM_GETQDISC per port over a raw netlink socket (pyroute2 dumps every qdisc
-of the machine per call: ~1.6 ms against ~7 us).
+by ``qdiscstat`` (one RTM_GETQDISC per port over a raw netlink socket).
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import struct
 import subprocess
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from .errors import RunError
+from .qdiscstat import TBF_HANDLE, TBF_PARENT, QdiscReader
 
 TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 TC_H_ROOT = 0xFFFFFFFF
-NETLINK_TIMEOUT_S = 5
 MQ_HANDLE = 0x10000  # 1:
-TBF_HANDLE = 0x100000  # 10:, under 1:1 (TX queue 0, the data class)
-TBF_PARENT = 0x10001
 NETEM_HANDLE, CONTROL_NETEM_HANDLE = "30:", "20:"
 NETEM_LIMIT_PACKETS = 100_000  # drops belong to the marker, at the buffer
 TC_TIMEOUT_S = 10
 PAUSED_RATE_BPS = 8000  # pyroute2 cannot encode less than 64 bit/s; a few kbit/s holds the queue
-# rtnetlink wire format for one RTM_GETQDISC (pyroute2 dumps every qdisc: ~1 ms a read)
-RTM_NEWQDISC, RTM_GETQDISC, NLMSG_ERROR = 36, 38, 2
-NLM_F_REQUEST, NLM_F_ECHO = 1, 8  # a single-qdisc GET answers only with ECHO
-TCA_KIND, TCA_STATS2 = 1, 7
-TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
-
-
-def qdisc_request(seq: int, ifindex: int, handle: int = TBF_HANDLE, parent: int = TBF_PARENT) -> bytes:
-    """nlmsghdr + tcmsg asking for one qdisc."""
-    tcm = struct.pack("=BxxxiIII", socket.AF_UNSPEC, ifindex, handle, parent, 0)
-    return struct.pack("=IHHII", 16 + len(tcm), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_ECHO, seq, 0) + tcm
-
-
-def _attrs(data: bytes):
-    off = 0
-    while off + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, off)
-        if length < 4:
-            return
-        yield kind & 0x3FFF, data[off + 4:off + length]
-        off += (length + 3) & ~3
-
-
-def parse_qdisc_reply(reply: bytes) -> dict:
-    """Kind and counters from an RTM_NEWQDISC message (TCA_STATS2: basic + queue)."""
-    length, msg_type = struct.unpack_from("=IH", reply)
-    if msg_type == NLMSG_ERROR:
-        err = struct.unpack_from("=i", reply, 16)[0]
-        raise OSError(-err, os.strerror(-err))
-    out = {}
-    for kind, value in _attrs(reply[16 + 20:length]):
-        if kind == TCA_KIND:
-            out["kind"] = value.rstrip(b"\0").decode()
-        elif kind == TCA_STATS2:
-            for sub, v in _attrs(value):
-                if sub == TCA_STATS_BASIC:
-                    out["sent_bytes"], out["sent_packets"] = struct.unpack_from("=QI", v)
-                elif sub == TCA_STATS_QUEUE:
-                    qlen, backlog, drops, _requeues, overlimits = struct.unpack_from("=5I", v)
-                    out.update(backlog_bytes=backlog, backlog_packets=qlen, drops=drops, overlimits=overlimits)
-    return out
 
 
 class PortTc:
@@ -81,15 +34,12 @@ class PortTc:
 
     def __init__(self):
         self.ipr = IPRoute()
-        self.nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        self.nl.bind((0, 0))
-        self.nl.settimeout(NETLINK_TIMEOUT_S)
-        self.seq = 0
+        self.stats = QdiscReader()
         self._ifindex: dict[str, int] = {}
 
     def close(self):
         self.ipr.close()
-        self.nl.close()
+        self.stats.close()
 
     def __enter__(self):
         return self
@@ -152,14 +102,8 @@ class PortTc:
     def qdisc_stats(self, intf: str) -> dict:
         """The data class TBF's own counters: backlog (bytes), bytes/packets sent, drops,
         overlimits."""
-        self.seq += 1
-        self.nl.sendto(qdisc_request(self.seq, self.ifindex(intf)), (0, 0))
-        while True:
-            reply = self.nl.recv(65536)
-            if struct.unpack_from("=I", reply, 8)[0] == self.seq:
-                break
         try:
-            stats = parse_qdisc_reply(reply)
+            stats = self.stats.read(self.ifindex(intf))
         except OSError as exc:
             raise RunError(f"no tbf qdisc on {intf}: {exc.strerror}") from None
         if stats.get("kind") != "tbf":

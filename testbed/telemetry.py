@@ -1,5 +1,15 @@
-"""Telemetry decisions and record formats, pure: the controller polls every switch's
-OpenFlow port counters every ``interval`` and writes one record per port per poll.
+"""Telemetry decisions and record formats, pure. Every ``interval`` the controller writes,
+into the run folder as JSON lines:
+
+- ``ports.jsonl``: every switch's OpenFlow port counters, one record per port;
+- ``ecn.jsonl``: per-link ECN codepoint counters (the table-0 counting flows of
+  ``routing``), one record per (switch port the packets arrived on, codepoint);
+- ``queues.jsonl``: every switch port's egress queue: the marker's counters (packets,
+  ECT, marked, drops, control packets), the shadow depth now and its maximum since the
+  previous poll (bursts shorter than the interval are not lost), and the data class
+  TBF's own counters (backlog, sent, drops);
+- ``polls.jsonl``: one line per poll (when, how long the reads took, polls skipped
+  because the collector fell behind): the fidelity guard counts dropped samples there.
 
 The interval is set in real-fabric time and dilated (10 us of the real fabric at the
 default dilation of 50000 is a poll every 0.5 s of the emulation), so a report shows the
@@ -7,6 +17,9 @@ same number of samples per real microsecond whatever the dilation.
 """
 
 from __future__ import annotations
+
+from . import queues
+from .routing import COUNT_TABLE, ECN_CODEPOINTS
 
 DEFAULT_INTERVAL_REAL_NS = 10_000
 COUNTERS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors",
@@ -22,11 +35,13 @@ class Poller:
     def __init__(self, interval_ns: int, now_ns: int):
         self.interval_ns = interval_ns
         self.next_ns = now_ns
+        self.skipped = 0
 
     def due(self, now_ns: int) -> bool:
         if now_ns < self.next_ns:
             return False
         behind = (now_ns - self.next_ns) // self.interval_ns
+        self.skipped += behind
         self.next_ns += (behind + 1) * self.interval_ns
         return True
 
@@ -45,3 +60,37 @@ def port_records(now_ns: int, switch: str, stats) -> list:
         rec.update({c: getattr(s, c) for c in COUNTERS})
         out.append(rec)
     return out
+
+
+def ecn_records(now_ns: int, switch: str, stats) -> list:
+    """Per-link ECN codepoint counters from a table-0 flow-stats reply body (objects with
+    ``table_id``, ``match`` and ``stats`` mappings, as os-ken parses OpenFlow 1.5): one
+    record per counting flow, named by the switch port the packets arrived on."""
+    out = []
+    for s in stats:
+        if s.table_id != COUNT_TABLE or "ip_ecn" not in s.match or "in_port" not in s.match:
+            continue
+        port = s.match["in_port"]
+        out.append({"t_ns": now_ns, "switch": switch, "port": port, "intf": f"{switch}-eth{port}",
+                    "ecn": ECN_CODEPOINTS[s.match["ip_ecn"]],
+                    "packets": s.stats["packet_count"] if "packet_count" in s.stats else 0,
+                    "bytes": s.stats["byte_count"] if "byte_count" in s.stats else 0})
+    return out
+
+
+def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None) -> dict:
+    """One switch port's egress queue at ``now_ns``: ``pq`` is the plan's queue entry,
+    ``state`` the marker's counters (``marker.Counters.read``; None before the first
+    packet), ``tbf`` the data class TBF's counters (``qdiscstat``)."""
+    rec = {"t_ns": now_ns, "switch": pq["switch"], "port": pq["port"], "intf": pq["intf"]}
+    if state is None:
+        rec.update({k: 0 for k in ("depth_bytes", "max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
+                                   "control_packets")})
+    else:
+        rec["depth_bytes"] = int(queues.shadow_depth_now(state, pq["emulated_rate_bps"], now_ns))
+        rec.update({k: state[k] for k in ("max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
+                                          "control_packets")})
+    if tbf is not None:
+        rec.update(tbf_backlog_bytes=tbf.get("backlog_bytes", 0), tbf_sent_bytes=tbf.get("sent_bytes", 0),
+                   tbf_drops=tbf.get("drops", 0))
+    return rec

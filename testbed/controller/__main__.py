@@ -22,8 +22,9 @@ def main(argv=None):
     parser.add_argument("--plan", required=True, help="plan JSON (Plan.to_dict())")
     parser.add_argument("--events", required=True, help="JSON-lines file to append events to")
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port on 127.0.0.1")
-    parser.add_argument("--ports-log", default=None, help="JSON-lines file for port counters (off if unset)")
-    parser.add_argument("--interval-ns", type=int, default=0, help="port counter poll interval, emulated ns")
+    parser.add_argument("--telemetry", default=None, help="folder for the telemetry JSON lines (off if unset)")
+    parser.add_argument("--interval-ns", type=int, default=0, help="telemetry interval, emulated ns")
+    parser.add_argument("--pins", default=None, help="the run's bpffs folder (marker maps: queue counters)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s controller %(name)s %(levelname)s %(message)s")
@@ -31,7 +32,8 @@ def main(argv=None):
              project="os_ken")
     from . import app
 
-    app.SETTINGS.update(plan=args.plan, events=args.events, ports=args.ports_log, interval_ns=args.interval_ns)
+    app.SETTINGS.update(plan=args.plan, events=args.events, telemetry=args.telemetry, interval_ns=args.interval_ns,
+                        pins=args.pins)
     AppManager.run_apps(["testbed.controller.app"])
 
 

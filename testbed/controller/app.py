@@ -24,6 +24,7 @@ from os_ken.ofproto import ofproto_v1_5
 from os_ken.lib import hub
 
 from .. import ofwire, routing, telemetry
+from ..collector import Collector
 
 # Set by testbed.controller.__main__ before the app is instantiated.
 SETTINGS: dict = {}
@@ -68,7 +69,8 @@ class TestbedController(app_manager.OSKenApp):
         self.logic = routing.FabricController(plan)
         self.datapaths = {}
         self.event_log.write("started", pid=os.getpid(), switches=len(self.logic.switches))
-        self.port_log = open(SETTINGS["ports"], "a", buffering=1) if SETTINGS.get("ports") else None
+        self.collector = Collector(SETTINGS["telemetry"], plan, SETTINGS.get("pins")) if SETTINGS.get(
+            "telemetry") else None
         self.poller = None
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
@@ -87,21 +89,27 @@ class TestbedController(app_manager.OSKenApp):
                               groups=out.groups, seconds=out.seconds)
         if self.logic.all_ready:
             self.event_log.write("fabric_ready")
-            if self.port_log is not None and self.poller is None:
+            if self.collector is not None and self.poller is None:
                 self.poller = telemetry.Poller(SETTINGS["interval_ns"], time.monotonic_ns())
-                hub.spawn(self._poll_ports)
+                hub.spawn(self._collect)
 
-    def _poll_ports(self):
-        """Every interval, ask every switch for its port counters (replies: on_port_stats)."""
+    def _collect(self):
+        """Every interval: ask every switch for its port counters and its ECN counting
+        flows (replies: on_port_stats, on_flow_stats; OVS answers OpenFlow 1.5 flow statistics as FLOW_DESC only), and read the queues."""
         try:
             while True:
                 now = time.monotonic_ns()
                 if self.poller.due(now):
                     for dp in list(self.datapaths.values()):
-                        dp.send_msg(dp.ofproto_parser.OFPPortStatsRequest(dp, 0, dp.ofproto.OFPP_ANY))
+                        ofp, parser = dp.ofproto, dp.ofproto_parser
+                        dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
+                        dp.send_msg(parser.OFPFlowDescStatsRequest(dp, 0, routing.COUNT_TABLE, ofp.OFPP_ANY,
+                                                               ofp.OFPG_ANY, 0, 0, parser.OFPMatch()))
+                    queues = self.collector.poll_queues(now)
+                    self.collector.poll_done(now, self.poller.skipped, queues)
                 hub.sleep(self.poller.wait_s(time.monotonic_ns()))
         except Exception as exc:  # noqa: BLE001 - a dead collector must end the run loudly
-            self.event_log.write("fatal", handler="_poll_ports", error=f"{type(exc).__name__}: {exc}",
+            self.event_log.write("fatal", handler="_collect", error=f"{type(exc).__name__}: {exc}",
                                  traceback=traceback.format_exc())
             os._exit(FATAL_EXIT)
 
@@ -109,8 +117,13 @@ class TestbedController(app_manager.OSKenApp):
     @fatal_on_error
     def on_port_stats(self, ev):
         name = self.logic.switches[ev.msg.datapath.id]["name"]
-        for rec in telemetry.port_records(time.monotonic_ns(), name, ev.msg.body):
-            self.port_log.write(json.dumps(rec) + "\n")
+        self.collector.write("ports", telemetry.port_records(time.monotonic_ns(), name, ev.msg.body))
+
+    @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, MAIN_DISPATCHER)
+    @fatal_on_error
+    def on_flow_stats(self, ev):
+        name = self.logic.switches[ev.msg.datapath.id]["name"]
+        self.collector.write("ecn", telemetry.ecn_records(time.monotonic_ns(), name, ev.msg.body))
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     @fatal_on_error
@@ -140,7 +153,9 @@ class TestbedController(app_manager.OSKenApp):
             elif isinstance(m, routing.FlowAdd):
                 actions = [self._action(parser, a) for a in m.actions]
                 inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)] if actions else []
-                dp.send_msg(parser.OFPFlowMod(dp, table_id=0, priority=m.priority,
+                if m.goto is not None:
+                    inst.append(parser.OFPInstructionGotoTable(m.goto))
+                dp.send_msg(parser.OFPFlowMod(dp, table_id=m.table, priority=m.priority,
                                               match=parser.OFPMatch(**dict(m.match)), instructions=inst))
             elif isinstance(m, routing.Barrier):
                 dp.send_msg(parser.OFPBarrierRequest(dp))

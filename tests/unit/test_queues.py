@@ -47,11 +47,10 @@ def test_scenario_values_win_and_off_switches():
 
 def test_marker_cfg_layout_matches_bpf_struct():
     (pq,) = [q for q in ports() if q.intf == "leaf1-eth1"]
-    raw = queues.marker_cfg(pq, epoch=7)
-    assert len(raw) == 64 == queues.CFG_SIZE
-    assert struct.unpack("=8Q", raw) == (8_000_000, 3 * 4214, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 7,
-                                         0)
-    assert struct.unpack("=8Q", queues.marker_cfg(pq, paused=True))[7] == 1
+    raw = queues.marker_cfg(pq)
+    assert len(raw) == 56 == queues.CFG_SIZE
+    assert struct.unpack("=7Q", raw) == (8_000_000, 3 * 4214, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 0)
+    assert struct.unpack("=7Q", queues.marker_cfg(pq, paused=True))[6] == 1
     assert queues.STATE_SIZE == 104  # 12 counters + the spin lock, padded (bpftool: value 104B)
     state = queues.marker_state(struct.pack("=12Q8x", *range(12)))
     assert state["marked"] == 6 and state["prev_max_depth_bytes"] == 10 and state["control_packets"] == 11

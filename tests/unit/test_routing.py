@@ -3,9 +3,9 @@
 from testbed import plan, routing, scenario
 
 
-def program(name, ref="leaf-spine"):
+def program(name, ref="leaf-spine", ports=()):
     p = plan.build(scenario.load(ref), "user")
-    return routing.switch_program([{"prefix": r.prefix, "ports": list(r.ports)} for r in p.routes_for(name)])
+    return routing.switch_program([{"prefix": r.prefix, "ports": list(r.ports)} for r in p.routes_for(name)], ports)
 
 
 def test_leaf_program():
@@ -15,11 +15,21 @@ def test_leaf_program():
     flows = [m for m in msgs if isinstance(m, routing.FlowAdd)]
     assert flows[0] == routing.FlowAdd(1000, (("eth_type", 0x8808),), ())  # pause frames never forwarded
     assert routing.FlowAdd(132, (("eth_type", 0x0800), ("ipv4_dst", ("10.0.1.3", "255.255.255.255"))),
-                           (("dec_nw_ttl",), ("output", 3))) in flows
+                           (("dec_nw_ttl",), ("output", 3)), table=1) in flows
     assert routing.FlowAdd(124, (("eth_type", 0x0800), ("ipv4_dst", ("10.0.2.0", "255.255.255.0"))),
-                           (("dec_nw_ttl",), ("group", 1))) in flows
+                           (("dec_nw_ttl",), ("group", 1)), table=1) in flows
     # longest prefixes first, one flow per route plus the pause drop
     assert len(flows) == 1 + 4 + 1
+
+
+def test_ecn_counting_flows_per_port_and_codepoint_ahead_of_routing():
+    flows = [m for m in program("leaf1", ports=(2, 1)) if isinstance(m, routing.FlowAdd)]
+    counting = [f for f in flows if f.table == 0 and f.goto == 1]
+    assert counting[:4] == [routing.FlowAdd(10, (("in_port", 1), ("eth_type", 0x0800), ("ip_ecn", ecn)), (),
+                                            table=0, goto=1) for ecn in range(4)]
+    assert [dict(f.match)["in_port"] for f in counting] == [1] * 4 + [2] * 4
+    # the pause drop outranks counting in table 0; routes live in table 1 only
+    assert flows[0].priority > counting[0].priority and all(f.table == 1 for f in flows if f.actions)
 
 
 def test_spine_groups_deduplicated_per_port_set():

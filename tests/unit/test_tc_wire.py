@@ -4,13 +4,13 @@ import struct
 
 import pytest
 
-from testbed import tc
+from testbed import qdiscstat
 
 
 def test_request_golden_bytes():
     # nlmsghdr: len 36, RTM_GETQDISC (38), NLM_F_REQUEST|NLM_F_ECHO, seq 7, pid 0
     # tcmsg: AF_UNSPEC, ifindex 42, handle 10:0 (the data class's TBF), parent 1:1, info 0
-    assert tc.qdisc_request(7, 42) == bytes.fromhex(
+    assert qdiscstat.qdisc_request(7, 42) == bytes.fromhex(
         "24000000" "2600" "0900" "07000000" "00000000"
         "00000000" "2a000000" "00001000" "01000100" "00000000")
 
@@ -25,7 +25,7 @@ def test_reply_parsing():
     attrs = _attr(1, b"tbf\0") + _attr(7, stats2)
     tcm = struct.pack("=BxxxiIII", 0, 42, 0x10000, 0xFFFFFFFF, 1)
     reply = struct.pack("=IHHII", 16 + len(tcm) + len(attrs), 36, 0, 7, 0) + tcm + attrs
-    assert tc.parse_qdisc_reply(reply) == {"kind": "tbf", "sent_bytes": 123456, "sent_packets": 789,
+    assert qdiscstat.parse_qdisc_reply(reply) == {"kind": "tbf", "sent_bytes": 123456, "sent_packets": 789,
                                            "backlog_bytes": 4500, "backlog_packets": 3, "drops": 2,
                                            "overlimits": 17}
 
@@ -33,5 +33,5 @@ def test_reply_parsing():
 def test_error_reply_raises():
     reply = struct.pack("=IHHII", 36, 2, 0, 7, 0) + struct.pack("=i", -2) + bytes(16)
     with pytest.raises(OSError) as err:
-        tc.parse_qdisc_reply(reply)
+        qdiscstat.parse_qdisc_reply(reply)
     assert err.value.errno == 2

@@ -10,6 +10,7 @@ def test_poller_is_due_on_schedule_and_skips_missed_polls():
     assert p.due(1000) and not p.due(1050) and p.due(1100)
     assert p.due(1450)  # 3 polls late: one poll now, the missed ones are skipped
     assert p.next_ns == 1500 and p.wait_s(1400) == 100 / 1e9
+    assert p.skipped == 2  # 1200 and 1300 were never polled: dropped samples the fidelity guard counts
 
 
 def test_port_records_skip_the_bridge_port_and_unreadable_counters():
@@ -20,3 +21,25 @@ def test_port_records_skip_the_bridge_port_and_unreadable_counters():
                                               stats(2, telemetry.UNAVAILABLE)])
     assert recs == [{"t_ns": 7, "switch": "leaf1", "port": 1, "intf": "leaf1-eth1",
                      **{c: 10 for c in telemetry.COUNTERS}}]
+
+
+def test_ecn_records_one_per_counting_flow():
+    def flow(table, match, packets):
+        return SimpleNamespace(table_id=table, match=match, stats={"packet_count": packets, "byte_count": 10 * packets})
+
+    recs = telemetry.ecn_records(5, "spine1", [flow(0, {"in_port": 3, "eth_type": 0x800, "ip_ecn": 3}, 7),
+                                              flow(0, {"eth_type": 0x8808}, 9),  # the pause drop: not counted
+                                              flow(1, {"ipv4_dst": "10.0.1.1"}, 9)])
+    assert recs == [{"t_ns": 5, "switch": "spine1", "port": 3, "intf": "spine1-eth3", "ecn": "ce", "packets": 7,
+                     "bytes": 70}]
+
+
+def test_queue_record_drains_the_shadow_to_now_and_keeps_the_interval_max():
+    pq = {"switch": "leaf1", "port": 2, "intf": "leaf1-eth2", "emulated_rate_bps": 8e6}  # 1 byte per us
+    state = {"depth_bytes": 5000, "last_ns": 1_000_000, "max_depth_bytes": 9000, "packets": 4, "bytes": 6000,
+             "ect": 4, "marked": 1, "drops": 0, "control_packets": 2}
+    rec = telemetry.queue_record(3_000_000, pq, state, {"backlog_bytes": 3100, "sent_bytes": 99, "drops": 0})
+    assert rec["depth_bytes"] == 3000 and rec["max_depth_bytes"] == 9000 and rec["tbf_backlog_bytes"] == 3100
+    assert rec["marked"] == 1 and rec["tbf_sent_bytes"] == 99
+    idle = telemetry.queue_record(1, pq, None, None)
+    assert idle["packets"] == 0 and idle["depth_bytes"] == 0 and "tbf_backlog_bytes" not in idle

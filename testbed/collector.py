@@ -1,0 +1,82 @@
+"""The collector's I/O, used by the controller process every telemetry interval: append
+records to the run folder's JSON-lines files (line-buffered, so an interrupted run keeps
+every poll so far) and read the switch ports' queues (the marker's pinned maps and the
+data class TBFs). What is recorded, and its format, is ``telemetry``'s."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+from . import telemetry
+from .marker import Counters
+from .qdiscstat import QdiscReader
+
+FILES = ("ports", "ecn", "queues", "polls")
+
+
+class Collector:
+    def __init__(self, folder: str | Path, plan: dict, pins: str | Path | None):
+        self.folder = Path(folder)
+        self.files = {name: open(self.folder / f"{name}.jsonl", "a", buffering=1) for name in FILES}
+        self.queues = plan.get("queues", [])
+        self.pins = Path(pins) if pins else None
+        self.counters: Counters | None = None
+        self.qdiscs: QdiscReader | None = None
+        self.ifindex: dict[str, int] = {}
+        self.polls = 0
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
+        if self.counters is not None:
+            self.counters.close()
+        if self.qdiscs is not None:
+            self.qdiscs.close()
+
+    def write(self, name: str, records: list):
+        if records:
+            self.files[name].write("".join(json.dumps(r) + "\n" for r in records))
+
+    def _open_queues(self) -> bool:
+        """The marker's maps and the ports appear once the run has set up the queues
+        (possibly after the fabric is programmed): until then there is nothing to read."""
+        if self.counters is not None:
+            return True
+        if self.pins is None or not self.queues:
+            return False
+        try:
+            ifindex = {pq["intf"]: socket.if_nametoindex(pq["intf"]) for pq in self.queues}
+            self.counters = Counters(self.pins)
+        except OSError:
+            return False
+        self.ifindex = ifindex
+        self.qdiscs = QdiscReader()
+        return True
+
+    def poll_queues(self, now_ns: int) -> int:
+        """Read and record every switch port's queue; returns how many were read. Ports
+        that vanish (the fabric being torn down) are left out, not fatal."""
+        if not self._open_queues():
+            return 0
+        try:
+            states = self.counters.read(self.ifindex.values())
+        except OSError:
+            return 0
+        records = []
+        for pq in self.queues:
+            idx = self.ifindex[pq["intf"]]
+            try:
+                tbf = self.qdiscs.read(idx)
+            except OSError:
+                continue
+            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf))
+        self.write("queues", records)
+        return len(records)
+
+    def poll_done(self, started_ns: int, skipped: int, queues: int):
+        self.polls += 1
+        self.write("polls", [{"t_ns": started_ns, "poll": self.polls, "read_ns": time.monotonic_ns() - started_ns,
+                              "skipped_total": skipped, "queues": queues}])
