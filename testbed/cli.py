@@ -1,4 +1,4 @@
-"""``python3 -m testbed {run,show,doctor,clean}``.
+"""``python3 -m testbed {run,show,queues,report,compare,doctor,clean}``.
 
 User errors (bad scenario, missing root, a failed bring-up) are printed as clear
 messages with exit status 2 (configuration) or 1 (run failed), never a traceback.
@@ -49,6 +49,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default=None, help="run id (default: the newest live run)")
     p.add_argument("--watch", action="store_true", help="refresh every second until the run ends or Ctrl-C")
     p.add_argument("--json", action="store_true", help="one JSON list of rows per refresh")
+    p = sub.add_parser("report", help="rebuild a run folder's summary.json and report.html (no root needed)")
+    p.add_argument("run_dir", type=Path, help="a run folder, e.g. results/default-20261202T185848Z")
+    p = sub.add_parser("compare", help="runs side by side: a KPI table here and an HTML page (no root needed)")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="two or more run folders")
+    p.add_argument("--html", type=Path, default=None,
+                   help="where to write the page (default: compare-<time>.html next to the first run)")
     sub.add_parser("doctor", help="what this machine can do, and the fix for what is missing")
     p = sub.add_parser("clean", help="remove what killed runs left behind (ours only, by run tag)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
@@ -92,6 +98,15 @@ def main(argv=None) -> int:
                 return queuestat.main(args.run, args.watch, args.json)
             except KeyboardInterrupt:
                 return 0
+        elif args.command == "report":
+            from . import kpis, report
+
+            summary, path = report.build(args.run_dir)
+            print(kpis.terminal(summary, path))
+        elif args.command == "compare":
+            from . import report
+
+            print(report.compare(args.run_dirs, args.html))
         elif args.command == "doctor":
             from . import capabilities
 

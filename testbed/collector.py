@@ -6,6 +6,7 @@ data class TBFs). What is recorded, and its format, is ``telemetry``'s."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from .marker import Counters
 from .qdiscstat import QdiscReader
 
 FILES = ("ports", "ecn", "queues", "polls")
+OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
 
 
 class Collector:
@@ -27,6 +29,8 @@ class Collector:
         self.qdiscs: QdiscReader | None = None
         self.ifindex: dict[str, int] = {}
         self.polls = 0
+        self.cpu = telemetry.CpuMeter(os.sysconf("SC_CLK_TCK"))
+        self.ovs_pid = _read_pid(OVS_PIDFILE)
 
     def close(self):
         for f in self.files.values():
@@ -78,5 +82,23 @@ class Collector:
 
     def poll_done(self, started_ns: int, skipped: int, queues: int):
         self.polls += 1
-        self.write("polls", [{"t_ns": started_ns, "poll": self.polls, "read_ns": time.monotonic_ns() - started_ns,
-                              "skipped_total": skipped, "queues": queues}])
+        rec = {"t_ns": started_ns, "poll": self.polls, "read_ns": time.monotonic_ns() - started_ns,
+               "skipped_total": skipped, "queues": queues}
+        rec.update(self.cpu.sample(started_ns, telemetry.host_cpu_ticks(Path("/proc/stat").read_text()),
+                                   self._ovs_ticks()))
+        self.write("polls", [rec])
+
+    def _ovs_ticks(self) -> int | None:
+        if self.ovs_pid is None:
+            return None
+        try:
+            return telemetry.process_cpu_ticks(Path(f"/proc/{self.ovs_pid}/stat").read_text())
+        except OSError:
+            return None
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None

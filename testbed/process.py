@@ -32,10 +32,13 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = POLL_S):
         time.sleep(poll_s)
 
 
-def read_line(proc: subprocess.Popen, deadline: float, what: str) -> str:
+def read_line(proc: subprocess.Popen, deadline: float, what: str, tick=None) -> str:
     """The next line a child process writes on its stdout (text mode), by ``deadline``
-    (monotonic s); RunError naming ``what`` if it exits or the deadline passes first."""
+    (monotonic s); RunError naming ``what`` if it exits or the deadline passes first.
+    ``tick()``, if given, is called about twice a second while waiting (progress)."""
     while True:
+        if tick is not None:
+            tick()
         if proc.poll() is not None:
             raise RunError(f"waiting for {what}: it exited with code {proc.returncode}: {stderr_tail(proc)}")
         left = deadline - time.monotonic()

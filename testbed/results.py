@@ -16,6 +16,10 @@ Frames (empty when the run did not produce them):
 - ``qps``: one row per reliable connection (gpu, peer, link): packets sent, retransmitted,
   timeouts, NAKs, duplicates, out-of-order, bytes received, ACKs/NAKs/CNPs sent, CNPs and
   CE received, DCQCN cuts, final_rate_bps.
+- ``nics``: per GPU, its NICs' counters: PFC pause frames received, paused_ns, and the
+  timer lateness the fidelity guard checks (tx_count, tx_late_ns, tx_late_max_ns,
+  tx_gap_ns: packets sent, their summed and largest lateness past their due time and
+  their summed line-rate gaps; timer_*: compute phases noticed as ended late), emulated ns.
 - ``rates``: DCQCN rate changes: gpu, peer, link, t_real_ns, rate_bps, alpha.
 - ``pauses``: GPU NICs paused/resumed by PFC: gpu, event, t_real_ns.
 - ``iterations``, ``collectives``: ``training.json``'s per-iteration step times and
@@ -24,6 +28,17 @@ Frames (empty when the run did not produce them):
   port, intf, t_ns, t_real_ns, rx/tx packets, bytes, dropped, errors) with, per interval,
   ``tx_bps``/``rx_bps`` (real-fabric bits/s: emulated rate x dilation) and
   ``tx_utilisation`` (of the port's link rate).
+- ``queues``: every switch port's egress queue per poll (switch, port, intf, t_ns,
+  t_real_ns): depth_bytes (the marker's shadow queue at the poll), max_depth_bytes (its
+  maximum since the previous poll), tbf_backlog_bytes (the real qdisc's backlog), the
+  marker's cumulative packets, bytes, ect, marked, drops, control_packets and the TBF's
+  tbf_sent_bytes/tbf_drops; per interval ``marked_delta``, ``drops_delta``, ``ect_delta``,
+  and the port's kmin/kmax/xoff bytes and real/emulated rate from the plan.
+- ``ecn``: per link, the packets that arrived over it by ECN codepoint (cumulative
+  counters per poll): switch, port, intf (the receiving port), peer (the sender),
+  t_real_ns, not_ect, ect1, ect0, ce.
+- ``polls``: the collector's own polls: t_real_ns, read_ns, skipped_total, host_busy
+  (0-1 over every core), ovs_cpu_cores.
 - ``pfc_events``: ``pfc.jsonl`` as it happened (port, event, quanta, why, t_real_ns);
   ``pfc_ports``: per switch port totals (frames, paused_ns, paused_real_ns, headroom
   high-water, drops).
@@ -37,7 +52,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import TestbedError
+from .errors import ConfigError
 from .process import read_events
 
 
@@ -47,6 +62,7 @@ class Results:
     manifest: dict
     ops: pd.DataFrame
     qps: pd.DataFrame
+    nics: pd.DataFrame
     rates: pd.DataFrame
     pauses: pd.DataFrame
     iterations: pd.DataFrame
@@ -54,6 +70,10 @@ class Results:
     pfc_events: pd.DataFrame
     pfc_ports: pd.DataFrame
     ports: pd.DataFrame = field(default_factory=pd.DataFrame)
+    queues: pd.DataFrame = field(default_factory=pd.DataFrame)
+    ecn: pd.DataFrame = field(default_factory=pd.DataFrame)
+    polls: pd.DataFrame = field(default_factory=pd.DataFrame)
+    plan: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
 
@@ -61,8 +81,11 @@ def load(run_dir) -> Results:
     run_dir = Path(run_dir)
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.exists():
-        raise TestbedError(f"{run_dir}: not a run folder (no manifest.json)")
-    manifest = json.loads(manifest_path.read_text())
+        raise ConfigError(f"{run_dir}: not a run folder (no manifest.json)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{manifest_path}: not valid JSON ({exc})") from None
     d = float(manifest.get("dilation") or 1)
     agent_rows = [r for p in sorted((run_dir / "agents").glob("*.jsonl")) for r in read_events(p)]
     by_type: dict[str, list] = {}
@@ -88,6 +111,7 @@ def load(run_dir) -> Results:
         return df
 
     qps = timed(by_type.get("qp", []))
+    nics = timed(by_type.get("nic", []))
     rates = timed(by_type.get("rate", []))
     pauses = timed([{**r, "event": r["type"]} for r in by_type.get("paused", []) + by_type.get("resumed", [])])
     if not pauses.empty:
@@ -98,27 +122,67 @@ def load(run_dir) -> Results:
     pfc_ports = pd.DataFrame([r for r in pfc_rows if r.get("event") == "port"])
     if not pfc_ports.empty:
         pfc_ports = pfc_ports.drop(columns=["event"])
-    ports = _ports(run_dir, d, t0)
-    return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, rates=rates, pauses=pauses, ports=ports,
+    plan_path = run_dir / "plan.json"
+    plan = json.loads(plan_path.read_text()) if plan_path.exists() else {}
+    ports = _ports(run_dir, d, t0, plan)
+    return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, nics=nics, rates=rates, pauses=pauses, ports=ports,
+                   queues=_queues(run_dir, d, t0, plan), ecn=_ecn(run_dir, d, t0, plan),
+                   polls=_timed_file(run_dir / "polls.jsonl", d, t0), plan=plan,
                    iterations=pd.DataFrame(summary.get("iterations", [])),
                    collectives=pd.DataFrame(summary.get("collectives", [])), pfc_events=pfc_events,
                    pfc_ports=pfc_ports, extra={"transport": summary.get("transport", {}),
                                                "ideal": summary.get("ideal", {})})
 
 
-def _ports(run_dir: Path, dilation: float, t0) -> pd.DataFrame:
-    df = pd.DataFrame(read_events(run_dir / "ports.jsonl"))
+def _timed_file(path: Path, dilation: float, t0) -> pd.DataFrame:
+    df = pd.DataFrame(read_events(path))
+    if not df.empty:
+        df["t_real_ns"] = (df.t_ns - (df.t_ns.min() if t0 is None else t0)) / dilation
+    return df
+
+
+def _ports(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
+    df = _timed_file(run_dir / "ports.jsonl", dilation, t0)
     if df.empty:
         return df
-    if t0 is None:
-        t0 = df.t_ns.min()
     df = df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
-    df["t_real_ns"] = (df.t_ns - t0) / dilation
     dt_real_s = df.groupby("intf").t_ns.diff() / dilation / 1e9
     for way in ("tx", "rx"):
         df[f"{way}_bps"] = df.groupby("intf")[f"{way}_bytes"].diff() * 8 / dt_real_s
-    plan_path = run_dir / "plan.json"
-    if plan_path.exists():
-        rates = {q["intf"]: q["rate_bps"] for q in json.loads(plan_path.read_text()).get("queues", [])}
+    rates = {q["intf"]: q["rate_bps"] for q in plan.get("queues", [])}
+    if rates:
         df["tx_utilisation"] = df.tx_bps / df.intf.map(rates)
     return df
+
+
+def _queues(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
+    df = _timed_file(run_dir / "queues.jsonl", dilation, t0)
+    if df.empty:
+        return df
+    df = df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
+    for col in ("marked", "drops", "ect", "packets"):
+        df[f"{col}_delta"] = df.groupby("intf")[col].diff().fillna(df[col])
+    pq = pd.DataFrame(plan.get("queues", []))
+    if not pq.empty:
+        keep = [c for c in ("intf", "peer", "rate_bps", "emulated_rate_bps", "kmin_bytes", "kmax_bytes", "xoff_bytes",
+                            "buffer_bytes", "ecn", "pfc") if c in pq.columns]
+        df = df.merge(pq[keep], on="intf", how="left")
+    return df
+
+
+def _ecn(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
+    df = _timed_file(run_dir / "ecn.jsonl", dilation, t0)
+    if df.empty:
+        return df
+    wide = df.pivot_table(index=["t_ns", "t_real_ns", "switch", "port", "intf"], columns="ecn", values="packets",
+                          aggfunc="sum", fill_value=0).reset_index()
+    wide.columns.name = None
+    for cp in ("not_ect", "ect1", "ect0", "ce"):
+        if cp not in wide.columns:
+            wide[cp] = 0
+    peers = {}
+    for link in plan.get("links", []):
+        peers[link["a_intf"]] = link["b"]
+        peers[link["b_intf"]] = link["a"]
+    wide["peer"] = wide.intf.map(peers)
+    return wide.sort_values(["intf", "t_ns"]).reset_index(drop=True)

@@ -234,6 +234,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             if options.before_training:
                 options.before_training(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
             if scenario.workload is not None and options.train:
+                manifest["workload"] = {"iterations": scenario.workload.iterations}
                 manifest["training"] = _train(fab, plan, scenario.workload, run_dir, record, ctl, timings, netem)
                 write_manifest(run_dir, manifest)
             if options.hook:
@@ -276,6 +277,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
                      len(p["paused_ports"]), units.format_size(p["headroom_high_water_bytes"]), p["drops"])
         manifest.update(status=status, reason=reason, ended_utc=datetime.now(timezone.utc).isoformat())
         write_manifest(run_dir, manifest)
+        _summarise(run_dir)
         LOG.info("run %s %s%s; results in %s", run_id, status, f" ({reason})" if reason else "",
                  _relative(run_dir))
     return RunResult(run_dir=run_dir, status=status, reason=reason, manifest=manifest)
@@ -283,7 +285,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
 
 def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool) -> dict:
     """Run the workload on the GPU agents; writes training.json and returns its headline."""
-    from .training import Training, load_records, summarise
+    from .training import Progress, Training, load_records, summarise
 
     t0 = time.monotonic()
     training = Training(fab, plan, workload, run_dir, record, link_delay=link_delay)
@@ -296,7 +298,8 @@ def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool)
                      workload.tensor, workload.iterations,
                      " + ".join(units.format_size(b) for b in workload.allreduce_bytes), workload.algorithm,
                      units.format_duration(ideal["iteration_ns"]), ideal_emulated_s)
-            training.train(timeout_s=max(120.0, 20 * ideal_emulated_s))  # a guard against hangs, not a bound
+            progress = Progress(training.ops, training.records_dir, workload.iterations)
+            training.train(timeout_s=max(120.0, 20 * ideal_emulated_s), progress=progress)  # a guard, not a bound
     finally:
         # after the agents have exited: their per-QP counters are the last lines they write
         timings["training"] = round(time.monotonic() - t0, 3)
@@ -304,27 +307,26 @@ def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool)
                             plan.dilation.factor)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     ctl.check_alive()
-    for it in summary["iterations"]:
-        LOG.info("iteration %d: step %s (ideal %s, x%.3f)", it["iteration"], units.format_duration(it["step_ns"]),
-                 units.format_duration(it["ideal_ns"]), it["ratio"])
-    dp = [c for c in summary["collectives"] if c["phase"] == "dp" and c.get("stage", 0) == 0
-          and c.get("tp_rank", 0) == 0]
-    for c in dp:
-        LOG.info("  %s %s over %d ranks: %s (ideal %s, x%.3f), busbw %s = %.1f%% of the link", c["algorithm"],
-                 units.format_size(c["bytes"]), c["ranks"], units.format_duration(c["time_ns"]),
-                 units.format_duration(c["ideal_ns"]), c["ratio"], units.format_rate(c["busbw_bps"]),
-                 100 * c["busbw_of_line"])
-    tp = [c for c in summary["collectives"] if c["phase"] == "tp"]
-    if tp:
-        LOG.info("  tensor-parallel AllReduces on NVLink: %d, median %s (ideal %s)", len(tp),
-                 units.format_duration(sorted(c["time_ns"] for c in tp)[len(tp) // 2]),
-                 units.format_duration(tp[0].get("ideal_ns", 0)))
     t = summary["transport"]
-    LOG.info("transport: %d packets, %d retransmitted, %d timeouts, %d NAKs, %d CE marks seen, %d CNPs, "
-             "%d DCQCN rate cuts", t["packets_sent"], t["retransmitted"], t["timeouts"], t["naks_sent"],
-             t["ce_received"], t["cnps_sent"], t["dcqcn_cuts"])
+    LOG.info("training done: %d iterations, %d packets, %d retransmitted, %d CNPs", len(summary["iterations"]),
+             t["packets_sent"], t["retransmitted"], t["cnps_sent"])
     return {"iterations": len(summary["iterations"]), "collectives": len(summary["collectives"]),
             "records": str(training.records_dir.relative_to(run_dir)), "summary": "training.json"}
+
+
+def _summarise(run_dir: Path):
+    """summary.json and report.html from whatever the run collected (also when it failed or
+    was interrupted: the summary then says incomplete, and why), and the terminal summary.
+    A failure here is reported, never raised over the run's own outcome."""
+    try:
+        from .kpis import terminal
+        from .report import build
+
+        summary, report_path = build(run_dir)
+        LOG.info("%s", terminal(summary, _relative(report_path)))
+    except Exception as exc:  # noqa: BLE001 - the run's data is kept either way
+        LOG.warning("could not build summary.json and report.html in %s: %s: %s (rebuild with: python3 -m "
+                    "testbed report %s)", _relative(run_dir), type(exc).__name__, exc, _relative(run_dir))
 
 
 def write_manifest(run_dir: Path, manifest: dict):

@@ -9,7 +9,8 @@ into the run folder as JSON lines:
   previous poll (bursts shorter than the interval are not lost), and the data class
   TBF's own counters (backlog, sent, drops);
 - ``polls.jsonl``: one line per poll (when, how long the reads took, polls skipped
-  because the collector fell behind): the fidelity guard counts dropped samples there.
+  because the collector fell behind, the host's CPU busy fraction and ovs-vswitchd's
+  CPU in cores since the previous poll): the fidelity guard's input.
 
 The interval is set in real-fabric time and dilated (10 us of the real fabric at the
 default dilation of 50000 is a poll every 0.5 s of the emulation), so a report shows the
@@ -94,3 +95,37 @@ def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None) ->
         rec.update(tbf_backlog_bytes=tbf.get("backlog_bytes", 0), tbf_sent_bytes=tbf.get("sent_bytes", 0),
                    tbf_drops=tbf.get("drops", 0))
     return rec
+
+
+def host_cpu_ticks(proc_stat: str) -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from /proc/stat (idle and iowait are not busy)."""
+    fields = [int(x) for x in proc_stat.splitlines()[0].split()[1:]]
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return total - fields[3] - fields[4], total
+
+
+def process_cpu_ticks(pid_stat: str) -> int:
+    """utime + stime clock ticks of a process (all its threads) from /proc/PID/stat."""
+    after_comm = pid_stat[pid_stat.rindex(")") + 2:].split()
+    return int(after_comm[11]) + int(after_comm[12])
+
+
+class CpuMeter:
+    """CPU use between two calls: the host's busy fraction (0-1 over every core) and a
+    process's use in cores (1.0 = one core all the time)."""
+
+    def __init__(self, ticks_per_s: float):
+        self.hz = ticks_per_s
+        self.last = None
+
+    def sample(self, now_ns: int, host: tuple[int, int], proc_ticks: int | None) -> dict:
+        prev, self.last = self.last, (now_ns, host, proc_ticks)
+        if prev is None:
+            return {}
+        t0, (busy0, total0), p0 = prev
+        out = {}
+        if host[1] > total0:
+            out["host_busy"] = round((host[0] - busy0) / (host[1] - total0), 4)
+        if proc_ticks is not None and p0 is not None and now_ns > t0:
+            out["ovs_cpu_cores"] = round((proc_ticks - p0) / self.hz / ((now_ns - t0) / 1e9), 4)
+        return out

@@ -71,6 +71,7 @@ class Channel:
         self.sendq, self.recvq = SendQP(agent.mtu), RecvQP()
         self.rp = ReactionPoint(nic.line_bps, 0, agent.params, enabled=agent.cfg["dcqcn"] and nic.link == "fabric")
         self.next_tx_ns = 0
+        self.tx_since_ns = None  # when this channel last went from nothing to send to something
         self.last_cnp_ns = None
         self.counters = defaultdict(int)
         self.recv_ops = deque()  # posted receives (op ids), in order
@@ -108,6 +109,7 @@ class Agent:
         self.paused_until_ns = 0
         self.paused_since_ns = None
         self.nic_counters = defaultdict(int)
+        self.resumed_ns = 0  # a paused NIC's packets are due from here, not from before the pause
         self.by_index = {p["index"]: name for name, p in cfg["peers"].items()}
         self.channels: dict[tuple, Channel] = {}
         for name, p in cfg["peers"].items():
@@ -125,6 +127,14 @@ class Agent:
 
     def record(self, **fields):
         self.out.write(json.dumps({"gpu": self.name, **fields}) + "\n")
+
+    def late(self, what: str, late_ns: int):
+        """Timer lateness (the fidelity guard's input): a packet sent, or a compute phase
+        noticed as ended, ``late_ns`` after it was due."""
+        c = self.nic_counters
+        c[f"{what}_count"] += 1
+        c[f"{what}_late_ns"] += late_ns
+        c[f"{what}_late_max_ns"] = max(c[f"{what}_late_max_ns"], late_ns)
 
     def note_rate(self, ch: Channel, before: float, now: int):
         if ch.rp.rate_bps != before:
@@ -188,6 +198,7 @@ class Agent:
                 if now >= end:
                     del compute_end[op_id]
                     self.finish(op_id, end)
+                    self.late("timer", now - end)
             # 2. receive
             self.receive(now)
             self.receive_pause(now)
@@ -209,7 +220,12 @@ class Agent:
                 self.resume(now)
             for ch in self.channels.values():
                 q = ch.sendq
-                if not q.has_pending() or (paused and ch.nic.link == "fabric"):
+                if not q.has_pending():
+                    ch.tx_since_ns = None
+                    continue
+                if ch.tx_since_ns is None:
+                    ch.tx_since_ns = now  # packets are due from when there are any to send
+                if paused and ch.nic.link == "fabric":
                     continue
                 nic = ch.nic
                 ready_ns = max(ch.next_tx_ns, nic.free_ns)
@@ -219,6 +235,8 @@ class Agent:
                 pkt = q.peek()
                 frame = ch.data_frame(pkt, self.payload)
                 nic.send(frame)
+                self.late("tx", now - max(ready_ns, ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0))
+                self.nic_counters["tx_gap_ns"] += self.gap_ns(len(frame), nic.line_bps)
                 q.sent(pkt, now)
                 op_id = ch.send_ops.get(pkt.message)
                 if op_id is not None:
@@ -277,6 +295,7 @@ class Agent:
         if self.paused_since_ns is not None:
             self.nic_counters["paused_ns"] += now - self.paused_since_ns
             self.paused_since_ns = None
+            self.resumed_ns = now
             self.record(type="resumed", t_ns=now)
 
     def linger(self, control):

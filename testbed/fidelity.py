@@ -1,0 +1,172 @@
+"""The fidelity guard: can this run's numbers be trusted? Every run checks that the
+emulation kept up with the time dilation it was given:
+
+- ``dequeue_rate``: switch ports with a standing backlog must send at their configured
+  (emulated) rate; a slower port means OVS or the kernel could not keep up and every
+  queue, mark and pause downstream of it is wrong;
+- ``agent_pacing``: GPU agents' packets leave close to when they are due (mean lateness
+  in packet gaps at line rate): late packets mean the agents cannot pace at this dilation;
+- ``timer_lateness``: compute phases end when they should (mean lateness, real-fabric
+  time, as a share of the ideal step);
+- ``host_cpu``: the host's CPUs were not saturated (share of polls with every core busy);
+- ``ovs_cpu``: ovs-vswitchd (whose userspace datapath forwards on one thread) was not
+  saturated (p95 of its CPU use in cores);
+- ``telemetry``: the collector missed no poll.
+
+A failed check names its cause and the dilation that would fix it: the current one
+scaled by how far the check missed, with a margin, rounded up to 1/2/5 x 10^k.
+Pure: reads a ``results.Results``.
+"""
+
+from __future__ import annotations
+
+import math
+
+LIMITS = {
+    "dequeue_rate": 0.9,  # achieved / configured, at least
+    "agent_pacing": 0.5,  # mean lateness in line-rate packet gaps, at most
+    "timer_lateness": 0.01,  # mean compute-end lateness / ideal step, at most
+    "host_cpu": 0.25,  # share of polls with the host >= SATURATED busy, at most
+    "ovs_cpu": 0.95,  # p95 of ovs-vswitchd CPU in cores, at most
+    "telemetry": 0,  # polls skipped, at most
+}
+SATURATED = 0.98
+MARGIN = 1.5
+
+
+def nice_ceil(x: float) -> int:
+    """The smallest 1, 2 or 5 x 10^k at or above x."""
+    if x <= 1:
+        return 1
+    k = 10 ** math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        if m * k >= x:
+            return int(m * k)
+    return int(10 * k)
+
+
+def _check(name, value, ok, cause, factor=None, detail=""):
+    return {"name": name, "value": value, "limit": LIMITS[name], "ok": bool(ok), "cause": "" if ok else cause,
+            "detail": detail, "_factor": factor}
+
+
+def dequeue_rate(r) -> dict | None:
+    q = r.queues
+    if q.empty or "tbf_backlog_bytes" not in q or "emulated_rate_bps" not in q:
+        return None
+    paused = _paused_spans(r)
+    sent = capacity = 0.0
+    ports = set()
+    for intf, g in q.sort_values("t_ns").groupby("intf"):
+        rows = g[["t_ns", "tbf_backlog_bytes", "tbf_sent_bytes", "emulated_rate_bps"]].to_numpy()
+        for (t0, b0, s0, rate), (t1, b1, s1, _) in zip(rows[:-1], rows[1:]):
+            if b0 <= 0 or b1 <= 0 or any(a < t1 and b > t0 for a, b in paused.get(intf, ())):
+                continue
+            sent += (s1 - s0) * 8
+            capacity += rate * (t1 - t0) / 1e9
+            ports.add(intf)
+    if capacity <= 0:
+        return None
+    ratio = sent / capacity
+    ok = ratio >= LIMITS["dequeue_rate"]
+    return _check("dequeue_rate", round(float(ratio), 4), ok,
+                  f"backlogged switch ports sent at {ratio:.0%} of their configured rate: ovs-vswitchd or the "
+                  f"kernel could not keep up", LIMITS["dequeue_rate"] / max(ratio, 1e-3),
+                  f"{len(ports)} ports had a standing backlog")
+
+
+def _paused_spans(r) -> dict:
+    spans: dict[str, list] = {}
+    ev = r.pfc_events
+    if ev.empty or "event" not in ev:
+        return spans
+    open_at: dict[str, int] = {}
+    for row in ev.sort_values("t_ns").to_dict("records"):
+        if row.get("event") == "paused":
+            open_at[row["port"]] = row["t_ns"]
+        elif row.get("event") == "resumed" and row["port"] in open_at:
+            spans.setdefault(row["port"], []).append((open_at.pop(row["port"]), row["t_ns"]))
+    for port, t in open_at.items():
+        spans.setdefault(port, []).append((t, float("inf")))
+    return spans
+
+
+def agent_pacing(r) -> dict | None:
+    n = r.nics
+    if n.empty or "tx_gap_ns" not in n or not n.tx_gap_ns.sum():
+        return None
+    late = n.tx_late_ns.sum() / n.tx_gap_ns.sum()
+    ok = late <= LIMITS["agent_pacing"]
+    return _check("agent_pacing", round(float(late), 4), ok,
+                  f"GPU agents sent packets {late:.2f} packet gaps late on average: they cannot pace at this "
+                  f"dilation", late / LIMITS["agent_pacing"],
+                  f"{int(n.tx_count.sum())} packets, worst {int(n.tx_late_max_ns.max())} ns late (emulated)")
+
+
+def timer_lateness(r) -> dict | None:
+    n, its = r.nics, r.iterations
+    if n.empty or "timer_count" not in n or not n.timer_count.sum() or its.empty:
+        return None
+    d = float(r.manifest.get("dilation") or 1)
+    mean_real_ns = n.timer_late_ns.sum() / n.timer_count.sum() / d
+    share = mean_real_ns / float(its.ideal_ns.iloc[0])
+    ok = share <= LIMITS["timer_lateness"]
+    return _check("timer_lateness", round(float(share), 5), ok,
+                  f"compute phases ended {mean_real_ns:.0f} ns (real) late on average, {share:.1%} of a step",
+                  share / LIMITS["timer_lateness"], f"{int(n.timer_count.sum())} compute phases")
+
+
+def host_cpu(r) -> dict | None:
+    p = r.polls
+    if p.empty or "host_busy" not in p or p.host_busy.isna().all():
+        return None
+    share = float((p.host_busy.dropna() >= SATURATED).mean())
+    ok = share <= LIMITS["host_cpu"]
+    return _check("host_cpu", round(share, 3), ok,
+                  f"every CPU core was busy in {share:.0%} of the polls: the host is saturated",
+                  max(1.0, share / LIMITS["host_cpu"]) * 2, f"mean busy {p.host_busy.mean():.0%}")
+
+
+def ovs_cpu(r) -> dict | None:
+    p = r.polls
+    if p.empty or "ovs_cpu_cores" not in p or p.ovs_cpu_cores.isna().all():
+        return None
+    p95 = float(p.ovs_cpu_cores.dropna().quantile(0.95))
+    ok = p95 <= LIMITS["ovs_cpu"]
+    return _check("ovs_cpu", round(p95, 3), ok,
+                  f"ovs-vswitchd used {p95:.2f} cores (p95): its forwarding thread is saturated",
+                  p95 / LIMITS["ovs_cpu"] * 2, "")
+
+
+def telemetry_loss(r) -> dict | None:
+    p = r.polls
+    if p.empty:
+        return None
+    skipped = int(p.skipped_total.max())
+    return _check("telemetry", skipped, skipped <= LIMITS["telemetry"],
+                  f"the collector skipped {skipped} polls: it fell behind", 2.0, f"{len(p)} polls")
+
+
+CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss)
+
+
+def check(r) -> dict:
+    """Every check that has data; verdict ``trusted``, ``not trusted`` or ``unchecked``."""
+    done = [c for c in (f(r) for f in CHECKS) if c is not None]
+    failed = [c for c in done if not c["ok"]]
+    d = float(r.manifest.get("dilation") or 1)
+    suggested = None
+    if failed:
+        factor = max(c["_factor"] or 2.0 for c in failed)
+        suggested = nice_ceil(d * max(factor, 1.0) * MARGIN)
+    for c in done:
+        c.pop("_factor")
+    verdict = "unchecked" if not done else ("not trusted" if failed else "trusted")
+    if failed:
+        why = "; ".join(c["cause"] for c in failed)
+        text = f"NOT TRUSTED: {why}. Rerun with a larger dilation: --set dilation={suggested} (now {d:g})."
+    elif done:
+        text = f"trusted: {len(done)} checks passed ({', '.join(c['name'] for c in done)})"
+    else:
+        text = "unchecked: the run collected nothing to check"
+    return {"verdict": verdict, "text": text, "checks": done, "suggested_dilation": suggested, "dilation": d}
