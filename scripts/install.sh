@@ -15,6 +15,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TESTBED_VENV:-$repo/.venv}
 packages=(mininet openvswitch-switch python3-venv python3-pip python3-setuptools iproute2 ethtool
           iputils-ping tcpdump tshark iperf3 clang llvm libbpf-dev bpftool)
+# TESTBED_TEST_TOOLS=1 (./lab test): what the test suite needs besides (report.html in headless Chromium)
+if [ "${TESTBED_TEST_TOOLS:-0}" = 1 ]; then
+    packages+=(chromium)
+fi
 
 say() { printf '[install] %s\n' "$*"; }
 

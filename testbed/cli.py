@@ -41,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
                    help="keep the fabric up this long after the checks, then tear down (Ctrl-C ends it early)")
     p.add_argument("--results", type=Path, default=None, help="results folder (default: results/)")
+    p.add_argument("--telemetry-interval", default=None, metavar="DURATION",
+                   help="how often the controller collects counters, in real-fabric time (default: 10us; "
+                        "x dilation on this machine)")
     p.add_argument("--datapath", choices=scenarios.DATAPATHS, default=None, help="OVS datapath (default: auto)")
     p = sub.add_parser("show", help="print the planned fabric (no root needed)")
     _add_scenario_args(p)
@@ -68,6 +71,18 @@ def _load(args):
     return scenarios.load(args.scenario, overrides)
 
 
+def _interval_ns(text: str) -> int:
+    from .units import parse_duration_ns
+
+    try:
+        ns = parse_duration_ns(text)
+    except ValueError as exc:
+        raise ConfigError(f"--telemetry-interval: {exc}") from None
+    if ns <= 0:
+        raise ConfigError(f"--telemetry-interval: expected a duration > 0 such as 10us, got {text!r}")
+    return ns
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = parser().parse_args(argv)
@@ -82,6 +97,8 @@ def main(argv=None) -> int:
             sc = _load(args)
             opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold,
                                   train=not args.no_traffic, pcap=args.pcap)
+            if args.telemetry_interval is not None:
+                opts.telemetry_interval_real_ns = _interval_ns(args.telemetry_interval)
             if args.results:
                 opts.results_dir = args.results
             try:

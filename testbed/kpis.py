@@ -305,6 +305,51 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
 
 
 
+def narrative(s: dict) -> list[str]:
+    """What happened, in a few sentences a newcomer can follow (the numbers are the KPIs')."""
+    out = []
+    fmt_d, fmt_s, fmt_r = units.format_duration, units.format_size, units.format_rate
+    jct, ref = s.get("jct", {}), s.get("references", {})
+    ideal = ref.get("ideal", {})
+    if jct.get("iterations"):
+        out.append(f"{s['fabric']['gpus']} GPUs trained {len(jct['iterations'])} iterations. A step took "
+                   f"{fmt_d(jct['mean_step_ns'])} against an ideal of {fmt_d(jct['ideal_step_ns'])} (x"
+                   f"{jct['mean_ratio']:.2f}): {fmt_d(ideal.get('compute_ns', 0))} of compute, then the "
+                   f"synchronisation, when every GPU sends at once.")
+    dp = s.get("collectives", {}).get("dp")
+    line = max(s.get("fabric", {}).get("link_rates_bps") or [0])
+    if dp and line:
+        out.append(f"The data-parallel collectives ran at {fmt_r(dp['mean_busbw_bps'])} of bus bandwidth, "
+                   f"{dp['mean_busbw_bps'] / line:.0%} of the {fmt_r(line)} links (x{dp['mean_ratio']:.2f} their "
+                   f"ideal time).")
+    q, e, d, p, t = (s.get(k, {}) for k in ("queues", "ecn", "drops", "pfc", "transport"))
+    kmin = ref.get("kmin_bytes") or 0
+    if q:
+        quiet = (not e.get("marked_packets") and not d.get("packets") and not p.get("pause_frames"))
+        if quiet:
+            out.append(f"No queue grew past Kmin ({fmt_s(kmin)}; deepest {fmt_s(q['max_depth_bytes'])}): no ECN "
+                       f"marks, no drops, no PFC pauses. The burst fits this fabric with this rank mapping; a "
+                       f"mapping whose ring crosses the spines congests it (on the default scenario: --set "
+                       f"workload.mapping=sequential, then testbed compare the two runs).")
+        else:
+            parts = [f"Queues reached {fmt_s(q['max_depth_bytes'])} on {q['busiest_port']} (Kmin {fmt_s(kmin)})"]
+            if e.get("marked_packets"):
+                parts.append(f"{e['marked_packets']} packets were CE-marked, the receivers answered with "
+                             f"{t.get('cnps_sent', 0)} CNPs and DCQCN cut sender rates {t.get('dcqcn_cuts', 0)} "
+                             f"times")
+            if p.get("pause_frames"):
+                parts.append(f"{p['pause_frames']} PFC pause frames stopped upstream ports for "
+                             f"{fmt_d(p['paused_real_ns'])} in all")
+            if d.get("packets"):
+                parts.append(f"{d['packets']} packets were dropped and {t.get('retransmitted', 0)} retransmitted")
+            out.append("; ".join(parts) + ".")
+    m = s.get("ecmp", {})
+    if m.get("imbalance") and m["imbalance"] > 1.5:
+        out.append(f"ECMP hashes whole flows onto uplinks: with a few large flows (one queue pair per ring "
+                   f"neighbour) a leaf's busiest uplink carried x{m['imbalance']:.2f} the mean.")
+    return out
+
+
 def _plain(v):
     if hasattr(v, "item"):  # numpy scalars
         return v.item()
@@ -326,6 +371,8 @@ def terminal(s: dict, report_path=None) -> str:
     vwidth = max((len(v) for _, v, _ in rows), default=10)
     for k, v, ref in rows:
         lines.append(f"   {k:<{width}}  {v:<{vwidth}}  {ref}")
+    lines.append("   what happened:")
+    lines += [f"   - {sentence}" for sentence in narrative(s)]
     lines.append(f"   fidelity: {s['fidelity']['text']}")
     if report_path:
         lines.append(f"   report: {report_path}")

@@ -158,6 +158,17 @@ class Controller:
 
         wait_for(ready, timeout_s, f"the controller to listen on 127.0.0.1:{self.port}")
 
+    def wait_poll_after(self, t_ns: int, timeout_s: float):
+        """Wait until the collector has polled every counter once after ``t_ns`` (monotonic):
+        the run's totals then include everything up to that moment."""
+
+        def polled():
+            self.check_alive()
+            path = self.run_dir / "polls.jsonl"
+            return path.exists() and any(p.get("t_ns", 0) > t_ns for p in read_events(path)[-3:])
+
+        wait_for(polled, timeout_s, "the collector's first poll after training")
+
     def wait_fabric_ready(self, switches: int, timeout_s: float) -> list[dict]:
         """Wait until every switch acknowledged its program (barrier reply)."""
 

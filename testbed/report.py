@@ -240,7 +240,8 @@ def render(r, s: dict) -> str:
     if not run.get("complete", True):
         body.append(f"<p class='verdict bad'>INCOMPLETE: {html.escape(run.get('incomplete_because', ''))}. "
                     f"Everything collected until then is shown.</p>")
-    body += ["<h2>Can these numbers be trusted? (fidelity guard)</h2>", _fidelity_html(s.get("fidelity", {})),
+    body += ["<h2>What happened</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in kpis.narrative(s))
+             + "</ul>", "<h2>Can these numbers be trusted? (fidelity guard)</h2>", _fidelity_html(s.get("fidelity", {})),
              "<h2>KPIs</h2>", "<p class='how'>Measured values beside their analytical references, in real-fabric "
              "units.</p>", _table(kpi_rows(s), ["KPI", "measured", "reference"])]
     for key, heading, how, make in SECTIONS:
@@ -266,15 +267,13 @@ def compare_rows(summaries: list[dict]) -> tuple[list[str], list[list[str]]]:
     names: list[str] = []
     per_run = []
     for s in summaries:
-        rows = {k: v for k, v, _ in kpi_rows(s)}
-        rows["fidelity"] = s.get("fidelity", {}).get("verdict", "")
-        rows["scenario"] = s["run"].get("scenario", "")
-        rows["dilation"] = f"{s['run'].get('dilation')}"
+        rows = {"scenario": s["run"].get("scenario", ""), "dilation": f"{s['run'].get('dilation')}",
+                "fidelity": s.get("fidelity", {}).get("verdict", "")}
+        rows.update({k: v for k, v, _ in kpi_rows(s)})
         per_run.append(rows)
         for k in rows:
             if k not in names:
                 names.append(k)
-    names.sort(key=lambda k: k not in ("scenario", "dilation", "fidelity"))
     return header, [[k] + [rows.get(k, "") for rows in per_run] for k in names]
 
 

@@ -66,6 +66,7 @@ class RunOptions:
     train: bool = True  # run the scenario's workload (if it has one) after reachability
     before_training: object = None  # callable(RunContext) run after reachability, before training
     pcap: str = ""  # comma-separated ports to capture during training (capture.parse_ports)
+    telemetry_interval_real_ns: int = telemetry.DEFAULT_INTERVAL_REAL_NS  # collection interval, real-fabric time
 
 
 @dataclass
@@ -189,9 +190,9 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
             work = run_dir / "work"
             work.mkdir()
             port = free_tcp_port()
-            interval_ns = int(plan.dilation.duration_ns(telemetry.DEFAULT_INTERVAL_REAL_NS))
+            interval_ns = int(plan.dilation.duration_ns(options.telemetry_interval_real_ns))
             manifest["telemetry"] = {"files": [f"{name}.jsonl" for name in collector.FILES],
-                                     "interval_real_ns": telemetry.DEFAULT_INTERVAL_REAL_NS,
+                                     "interval_real_ns": options.telemetry_interval_real_ns,
                                      "interval_emulated_ns": interval_ns}
             ctl = stack.enter_context(Controller(plan_path, run_dir, port,
                                                  on_start=lambda pid: record.add(processes=[pid]),
@@ -235,7 +236,8 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
                 options.before_training(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
             if scenario.workload is not None and options.train:
                 manifest["workload"] = {"iterations": scenario.workload.iterations}
-                manifest["training"] = _train(fab, plan, scenario.workload, run_dir, record, ctl, timings, netem)
+                manifest["training"] = _train(fab, plan, scenario.workload, run_dir, record, ctl, timings, netem,
+                                              interval_ns)
                 write_manifest(run_dir, manifest)
             if options.hook:
                 options.hook(RunContext(fabric=fab, plan=plan, egress=egress, run_dir=run_dir))
@@ -283,7 +285,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
     return RunResult(run_dir=run_dir, status=status, reason=reason, manifest=manifest)
 
 
-def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool) -> dict:
+def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool, interval_ns: int) -> dict:
     """Run the workload on the GPU agents; writes training.json and returns its headline."""
     from .training import Progress, Training, load_records, summarise
 
@@ -307,6 +309,8 @@ def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool)
                             plan.dilation.factor)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     ctl.check_alive()
+    # the counters' last poll must come after the last packet (a poll takes well under one interval)
+    ctl.wait_poll_after(time.monotonic_ns(), 3 * interval_ns / 1e9 + 5)
     t = summary["transport"]
     LOG.info("training done: %d iterations, %d packets, %d retransmitted, %d CNPs", len(summary["iterations"]),
              t["packets_sent"], t["retransmitted"], t["cnps_sent"])

@@ -185,6 +185,10 @@ def test_signal_tears_everything_down(tmp_path, clean_slate, sig, code):
     m = manifest(run_dir)
     assert m["status"] == "interrupted" and sig in m["reason"]
     _all_gone(record)
+    # what was collected until then is kept, and the summary says the run is incomplete and why
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert not summary["run"]["complete"] and sig in summary["run"]["incomplete_because"]
+    assert (run_dir / "report.html").exists() and (run_dir / "polls.jsonl").read_text().count("\n") >= 1
 
 
 def test_clean_after_sigkill(tmp_path, clean_slate):

@@ -85,6 +85,15 @@ def test_ecn_and_dcqcn_cut_sender_rates_without_loss(tmp_path, clean_slate):
     assert t["retransmitted"] == 0
     rates = [r for r in load_records(result.run_dir / "agents") if r["type"] == "rate"]
     assert min(r["rate_bps"] for r in rates) < 0.75 * 400e9  # senders were cut well below line rate
+    # the collector saw the marks where they were made: the switch queues marked at least as
+    # many packets as reached the GPUs CE-marked (a packet can be marked at two hops), above Kmin
+    r = results.load(result.run_dir)
+    last = r.queues.sort_values("t_ns").groupby("intf").tail(1)
+    assert last.marked.sum() >= t["ce_received"]
+    marking = r.queues[r.queues.marked_delta > 0]
+    assert (marking.max_depth_bytes > 50_000).all()
+    s = json.loads((result.run_dir / "summary.json").read_text())
+    assert s["ecn"]["marking_ratio"] > 0 and s["transport"]["cnps_sent"] == t["cnps_sent"]
 
 
 def test_small_lossy_buffer_drops_cause_naks_and_retransmissions(tmp_path, clean_slate):

@@ -43,3 +43,13 @@ def test_queue_record_drains_the_shadow_to_now_and_keeps_the_interval_max():
     assert rec["marked"] == 1 and rec["tbf_sent_bytes"] == 99
     idle = telemetry.queue_record(1, pq, None, None)
     assert idle["packets"] == 0 and idle["depth_bytes"] == 0 and "tbf_backlog_bytes" not in idle
+
+
+def test_cpu_meter_host_busy_fraction_and_process_cores():
+    busy, total = telemetry.host_cpu_ticks("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
+    assert (busy, total) == (150, 1000)
+    assert telemetry.process_cpu_ticks("42 (ovs-vswitchd) S 1 2 3 4 5 6 7 8 9 10 300 200 0 0") == 500
+    m = telemetry.CpuMeter(ticks_per_s=100)
+    assert m.sample(0, (150, 1000), 500) == {}
+    # 1 s later: 180 of 200 ticks busy; the process used 150 ticks = 1.5 cores
+    assert m.sample(1_000_000_000, (330, 1200), 650) == {"host_busy": 0.9, "ovs_cpu_cores": 1.5}

@@ -1,0 +1,154 @@
+"""KPIs, the fidelity guard, the report page and training progress, from a hand-made run
+folder (no root, no fabric): every number here is worked out by hand."""
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from testbed import fidelity, kpis, report, results
+from testbed.training import Progress
+
+D = 1000  # dilation
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def queue_rows(intf, samples, rate=8e6):
+    """(t_ns, backlog, sent, marked, ect, drops, max_depth) per poll."""
+    return [{"t_ns": t, "switch": intf.split("-")[0], "port": int(intf[-1]), "intf": intf, "depth_bytes": 0,
+             "max_depth_bytes": mx, "packets": ect + 10, "bytes": 0, "ect": ect, "marked": mk, "drops": dr,
+             "control_packets": 0, "tbf_backlog_bytes": b, "tbf_sent_bytes": s, "tbf_drops": 0}
+            for t, b, s, mk, ect, dr, mx in samples]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "run_id": "r1", "scenario": "unit", "status": "ok", "dilation": D, "datapath": "user",
+        "workload": {"iterations": 1}, "telemetry": {"interval_real_ns": 10_000}}))
+    q = {"rate_bps": 400e9, "emulated_rate_bps": 400e6, "kmin_bytes": 100, "kmax_bytes": 400, "xoff_bytes": 900,
+         "buffer_bytes": 1000, "ecn": True, "pfc": False, "delay_ns": 100, "headroom_bytes": 5}
+    plan = {"hosts": [{"name": "h1"}, {"name": "h2"}],
+            "switches": [{"name": "leaf1", "role": "leaf"}, {"name": "spine1", "role": "spine"},
+                         {"name": "spine2", "role": "spine"}],
+            "links": [{"kind": "host", "a": "h1", "b": "leaf1", "a_intf": "h1-eth0", "b_intf": "leaf1-eth1",
+                       "delay_ns": 100},
+                      {"kind": "uplink", "a": "leaf1", "b": "spine1", "a_intf": "leaf1-eth2", "b_intf": "spine1-eth1",
+                       "delay_ns": 200},
+                      {"kind": "uplink", "a": "leaf1", "b": "spine2", "a_intf": "leaf1-eth3", "b_intf": "spine2-eth1",
+                       "delay_ns": 200}],
+            "queues": [{**q, "switch": "leaf1", "port": p, "intf": f"leaf1-eth{p}", "peer": peer}
+                       for p, peer in ((1, "h1"), (2, "spine1"), (3, "spine2"))]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "agents").mkdir()
+    op = {"type": "op", "iteration": 0, "phase": "dp", "collective": 0, "step": 0, "link": "fabric",
+          "micro_batch": -1, "kind": "send", "bytes": 1000}
+    # two concurrent sends of 1000 B: 1 us and 3 us (real) -> 8 and 2.67 Gbit/s
+    write(tmp_path / "agents" / "h1.jsonl", [
+        {**op, "gpu": "h1", "id": 0, "peer": "h2", "ready_ns": 0, "start_ns": 0, "end_ns": 1000 * D},
+        {"gpu": "h1", "type": "nic", "tx_count": 10, "tx_late_ns": 300, "tx_late_max_ns": 100, "tx_gap_ns": 1000,
+         "timer_count": 2, "timer_late_ns": 2000 * D, "timer_late_max_ns": 1500 * D},
+        {"gpu": "h1", "type": "qp", "peer": "h2", "link": "fabric", "packets_sent": 10, "retransmitted": 0}])
+    write(tmp_path / "agents" / "h2.jsonl", [
+        {**op, "gpu": "h2", "id": 0, "peer": "h1", "ready_ns": 0, "start_ns": 0, "end_ns": 3000 * D}])
+    (tmp_path / "training.json").write_text(json.dumps({
+        "iterations": [{"iteration": 0, "step_ns": 120_000, "ideal_ns": 100_000, "ratio": 1.2, "complete": True}],
+        "collectives": [{"id": 0, "iteration": 0, "phase": "dp", "algorithm": "ring", "bytes": 1000, "ranks": 2,
+                         "time_ns": 4000, "ideal_ns": 2000, "ratio": 2.0}],
+        "transport": {"packets_sent": 10, "retransmitted": 0}, "ideal": {"iteration_ns": 100_000}}))
+    # leaf1-eth2 backlogged for 1 s (emulated) and sent 25 MB = 200 Mbit at 400 Mbit/s: 50 %
+    write(tmp_path / "queues.jsonl",
+          queue_rows("leaf1-eth1", [(0, 0, 0, 0, 0, 0, 0), (10 ** 9, 0, 0, 5, 100, 1, 300)])
+          + queue_rows("leaf1-eth2", [(0, 500, 0, 0, 0, 0, 500), (10 ** 9, 500, 25_000_000, 0, 0, 0, 800)])
+          + queue_rows("leaf1-eth3", [(0, 0, 0, 0, 0, 0, 0), (10 ** 9, 0, 0, 0, 0, 0, 0)]))
+    ports = []
+    for intf, sent in (("leaf1-eth2", 3000), ("leaf1-eth3", 1000)):
+        for t, b in ((0, 0), (10 ** 9, sent)):
+            ports.append({"t_ns": t, "switch": "leaf1", "port": int(intf[-1]), "intf": intf, "tx_bytes": b,
+                          "rx_bytes": 0, "tx_packets": 0, "rx_packets": 0})
+    write(tmp_path / "ports.jsonl", ports)
+    write(tmp_path / "polls.jsonl", [{"t_ns": t, "poll": i, "read_ns": 1, "skipped_total": 0, "queues": 3,
+                                      "host_busy": busy, "ovs_cpu_cores": 0.5}
+                                     for i, (t, busy) in enumerate(((0, 0.5), (10 ** 9, 0.99), (2 * 10 ** 9, 0.4)))])
+    return tmp_path
+
+
+def test_kpis_worked_by_hand(run_dir):
+    s = kpis.summary(results.load(run_dir))
+    assert s["run"]["complete"] and s["jct"]["mean_ratio"] == 1.2
+    (c,) = s["collectives"]["items"]
+    assert c["algbw_bps"] == 1000 * 8 / 4e-6 and c["busbw_bps"] == c["algbw_bps"] * 2 * 1 / 2
+    assert s["ecn"]["marking_ratio"] == 5 / 100
+    assert s["drops"]["packets"] == 1 and s["drops"]["ppm"] == pytest.approx(1 / 130 * 1e6)  # 110 + 10 + 10 offered
+    assert s["queues"]["max_depth_bytes"] == 800 and s["queues"]["busiest_port"] == "leaf1-eth2"
+    assert s["ecmp"]["imbalance"] == 3000 / 2000  # max / mean of the two uplinks
+    j = (8 + 8 / 3) ** 2 / (2 * (64 + 64 / 9))
+    assert s["fairness"]["jain_mean"] == pytest.approx(j)
+    # DCTCP K over a GPU-leaf-spine-leaf-GPU round trip at 400G: 2 x (2 x 100 + 2 x 200) ns
+    # of cable plus an MTU serialised at each of 8 hops
+    rtt = 2 * 600 + 8 * 4214 * 8 / 400e9 * 1e9
+    assert s["references"]["dctcp_k_rtt_ns"] == pytest.approx(rtt)
+    assert s["references"]["dctcp_k_bytes"] == int(400e9 * rtt / 1e9 / 8 / 7)
+    json.dumps(s, default=kpis._plain)
+    story = " ".join(kpis.narrative(s))
+    assert "A step took 120us against an ideal of 100us (x1.20)" in story
+    assert "5 packets were CE-marked" in story and "1 packets were dropped" in story
+    assert "busiest uplink carried x1.50 the mean" not in story  # 1.5 is not worth a sentence
+
+
+def test_fidelity_names_every_failed_check_and_a_dilation_that_fixes_it(run_dir):
+    f = fidelity.check(results.load(run_dir))
+    by = {c["name"]: c for c in f["checks"]}
+    assert by["dequeue_rate"]["value"] == 0.5 and not by["dequeue_rate"]["ok"]
+    assert by["agent_pacing"]["value"] == 0.3 and by["agent_pacing"]["ok"]
+    # 1 us real lateness on average against a 100 us ideal step: 1 %, at the limit
+    assert by["timer_lateness"]["value"] == 0.01 and by["timer_lateness"]["ok"]
+    assert by["host_cpu"]["value"] == 0.333 and not by["host_cpu"]["ok"]
+    assert by["ovs_cpu"]["ok"] and by["telemetry"]["ok"]
+    assert f["verdict"] == "not trusted"
+    # worst miss: host CPU (1/3 over 1/4, x2) -> 1000 x 2.67 x 1.5 = 4000 -> 5000
+    assert f["suggested_dilation"] == 5000 and "--set dilation=5000" in f["text"]
+
+
+@pytest.mark.parametrize("x,want", [(0.3, 1), (1, 1), (1.01, 2), (3, 5), (7, 10), (4000, 5000), (20001, 50000)])
+def test_nice_ceil(x, want):
+    assert fidelity.nice_ceil(x) == want
+
+
+def test_an_interrupted_run_is_incomplete_and_says_why(run_dir):
+    m = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**m, "status": "interrupted", "reason": "SIGINT (Ctrl-C)"}))
+    s = kpis.summary(results.load(run_dir))
+    assert not s["run"]["complete"] and "SIGINT" in s["run"]["incomplete_because"]
+    assert "INCOMPLETE" in kpis.terminal(s)
+
+
+def test_report_page_and_compare_table(run_dir):
+    r = results.load(run_dir)
+    s = kpis.summary(r)
+    page = report.render(r, s)
+    assert page.startswith("<!DOCTYPE html>") and "<script src=" not in page
+    assert 'id="plot-timeline"' in page and 'id="plot-queues"' in page and "NOT TRUSTED" in page
+    header, rows = report.compare_rows([s, {**s, "run": {**s["run"], "run_id": "r2"}}])
+    assert header == ["KPI", "r1", "r2"] and rows[0][0] == "scenario"
+    assert ["JCT ratio (measured / ideal)", "1.200", "1.200"] in rows
+
+
+def test_progress_counts_ops_as_they_are_written(tmp_path):
+    ops = {"h1": [SimpleNamespace(iteration=0), SimpleNamespace(iteration=1)],
+           "h2": [SimpleNamespace(iteration=0), SimpleNamespace(iteration=1)]}
+    out = io.StringIO()
+    p = Progress(ops, tmp_path, iterations=2, out=out)
+    rec = {"type": "op", "kind": "send", "phase": "dp"}
+    (tmp_path / "h1.jsonl").write_text(json.dumps({**rec, "iteration": 0}) + "\n" + '{"type": "op", "iter')
+    p.tick()
+    assert p.done == 1 and p.iterations_done == 0 and out.getvalue() == ""
+    with open(tmp_path / "h2.jsonl", "w") as f:
+        f.write(json.dumps({**rec, "iteration": 0}) + "\n")
+    p.tick()
+    assert p.iterations_done == 1 and "iteration 1/2 done on every GPU (2/4 ops)" in out.getvalue()
+    assert "50%" in p.line() and "dp sends" in p.line()
