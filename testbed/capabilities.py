@@ -170,7 +170,7 @@ def checks() -> list[Check]:
                        "no openvswitch.ko: the userspace (netdev) datapath is used",
                        "a kernel with the openvswitch module (the lab VM)", required=False))
     for mod, pkg in (("mininet", "mininet (Debian package)"), ("os_ken", "os-ken"), ("pyroute2", "pyroute2"),
-                     ("scapy", "scapy"), ("yaml", "PyYAML")):
+                     ("scapy", "scapy"), ("yaml", "PyYAML"), ("pandas", "pandas"), ("plotly", "plotly")):
         found = importlib.util.find_spec(mod) is not None
         items.append(Check(f"python: {mod}", found, "importable" if found else "missing",
                            f"{INSTALL_FIX} ({pkg})"))

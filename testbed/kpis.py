@@ -236,7 +236,7 @@ def _references(r) -> dict:
         rtt_ns = 2 * (2 * delay.get("host", 0) + 2 * delay.get("uplink", 0)) + 2 * 4 * hop_ns
         out["dctcp_k_bytes"] = int(fastest["rate_bps"] * rtt_ns / 1e9 / 8 / DCTCP_K_DIVISOR)
         out["dctcp_k_rtt_ns"] = rtt_ns
-        out["kmin_bytes"] = fastest.get("kmin_bytes")
+        out["kmin_bytes"] = fastest.get("kmin_bytes") if fastest.get("ecn") else None  # None: ECN off
         out["pfc_headroom_formula_bytes"] = queues.headroom_formula_bytes(fastest["rate_bps"],
                                                                           fastest.get("delay_ns", 0))
         out["pfc_headroom_configured_bytes"] = fastest.get("headroom_bytes")
@@ -283,7 +283,8 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
         ref = s.get("references", {})
         rows.append(("Queue depth p95 / max (worst port)",
                      f"{units.format_size(q['p95_depth_bytes'])} / {units.format_size(q['max_depth_bytes'])}",
-                     f"Kmin {units.format_size(ref.get('kmin_bytes') or 0)}; DCTCP K > C x RTT / 7 = "
+                     f"Kmin {units.format_size(ref['kmin_bytes']) if ref.get('kmin_bytes') is not None else 'off (ECN off)'}"
+                     f"; DCTCP K > C x RTT / 7 = "
                      f"{units.format_size(ref.get('dctcp_k_bytes') or 0)}"))
     m = s.get("ecmp", {})
     if m.get("imbalance") is not None:
@@ -323,16 +324,24 @@ def narrative(s: dict) -> list[str]:
                    f"{dp['mean_busbw_bps'] / line:.0%} of the {fmt_r(line)} links (x{dp['mean_ratio']:.2f} their "
                    f"ideal time).")
     q, e, d, p, t = (s.get(k, {}) for k in ("queues", "ecn", "drops", "pfc", "transport"))
-    kmin = ref.get("kmin_bytes") or 0
+    kmin = ref.get("kmin_bytes")
+    ecn_on = kmin is not None
     if q:
-        quiet = (not e.get("marked_packets") and not d.get("packets") and not p.get("pause_frames"))
-        if quiet:
+        quiet = (not e.get("marked_packets") and not d.get("packets") and not p.get("pause_frames")
+                 and (not ecn_on or q["max_depth_bytes"] <= kmin))
+        if not ecn_on:
+            out.append(f"ECN is off: queues reached {fmt_s(q['max_depth_bytes'])} on {q['busiest_port']} and nothing "
+                       f"told the senders to slow down" + (f"; PFC sent {p['pause_frames']} pause frames"
+                                                         if p.get("pause_frames") else "") +
+                       (f"; {d['packets']} packets were dropped" if d.get("packets") else "") + ".")
+        elif quiet:
             out.append(f"No queue grew past Kmin ({fmt_s(kmin)}; deepest {fmt_s(q['max_depth_bytes'])}): no ECN "
                        f"marks, no drops, no PFC pauses. The burst fits this fabric with this rank mapping; a "
                        f"mapping whose ring crosses the spines congests it (on the default scenario: --set "
                        f"workload.mapping=sequential, then testbed compare the two runs).")
         else:
-            parts = [f"Queues reached {fmt_s(q['max_depth_bytes'])} on {q['busiest_port']} (Kmin {fmt_s(kmin)})"]
+            parts = [f"Queues reached {fmt_s(q['max_depth_bytes'])} on {q['busiest_port']} (Kmin {fmt_s(kmin)}, "
+                     f"p95 {fmt_s(q['p95_depth_bytes'])})"]
             if e.get("marked_packets"):
                 parts.append(f"{e['marked_packets']} packets were CE-marked, the receivers answered with "
                              f"{t.get('cnps_sent', 0)} CNPs and DCQCN cut sender rates {t.get('dcqcn_cuts', 0)} "

@@ -201,6 +201,18 @@ def dcqcn_fig(r):
     return fig
 
 
+def cnp_fig(r):
+    q = r.qps
+    if q.empty or "cnps_sent" not in q or not q.cnps_sent.fillna(0).sum():
+        return None
+    per_gpu = q.groupby("gpu")[["ce_received", "cnps_sent", "cnps_received"]].sum()
+    fig = go.Figure([go.Bar(x=list(per_gpu.index), y=per_gpu[c], name=label) for c, label in
+                     (("ce_received", "CE-marked packets received"), ("cnps_sent", "CNPs sent"),
+                      ("cnps_received", "CNPs received (rate cuts follow)"))])
+    fig.update_layout(barmode="group", yaxis_title="packets", height=320)
+    return fig
+
+
 SECTIONS = (
     ("throughput", "Per-port throughput over time",
      "Each line is one switch egress port (real Gbit/s per telemetry interval). Training alternates compute "
@@ -224,6 +236,9 @@ SECTIONS = (
     ("dcqcn", "DCQCN sending rates",
      "Each line is one fabric queue pair's rate: cuts follow CNPs (congestion notifications for CE-marked "
      "packets), then the rate recovers.", dcqcn_fig),
+    ("cnps", "ECN marks seen and CNPs per GPU",
+     "A receiver that gets CE-marked packets sends CNPs to the sender (at most one per queue pair per 4 us, "
+     "real): CE received is per receiver, CNPs received per sender.", cnp_fig),
 )
 
 

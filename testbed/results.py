@@ -76,6 +76,22 @@ class Results:
     plan: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
+    # the names the issue tracker and DESIGN use for the same frames
+    @property
+    def links(self) -> pd.DataFrame:
+        """Per link (named by its receiving switch port): ECN codepoint counts (``ecn``)."""
+        return self.ecn
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """Per training iteration: step time vs ideal (``iterations``)."""
+        return self.iterations
+
+    @property
+    def flows(self) -> pd.DataFrame:
+        """Per reliable connection (queue pair): transport counters (``qps``)."""
+        return self.qps
+
 
 def load(run_dir) -> Results:
     run_dir = Path(run_dir)

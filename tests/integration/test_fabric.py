@@ -255,6 +255,10 @@ def test_link_delay_is_emulated_where_netem_exists(tmp_path, clean_slate):
     seen = {}
 
     def hook(ctx):
+        # the delay sits in the qdisc tree: under the data class's TBF and on the control class
+        tree = subprocess.run(["tc", "qdisc", "show", "dev", "leaf1-eth1"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout
+        seen["netem"] = re.findall(r"qdisc netem \S+ parent (\S+) .*delay (\S+)", tree)
         out = ctx.fabric.host("h1").popen(["ping", "-c", "5", "-i", "0.3", ctx.plan.host("h5").addr],
                                           text=True).communicate(timeout=60)[0]
         seen["rtts_ms"] = [float(x) for x in re.findall(r"time=([\d.]+) ms", out)]
@@ -262,6 +266,31 @@ def test_link_delay_is_emulated_where_netem_exists(tmp_path, clean_slate):
 
     result = run.run(scenario.load("leaf-spine"), run.RunOptions(results_dir=tmp_path, hook=hook))
     assert result.status == "ok" and result.manifest["link_delay_emulated"] is True
+    # leaf1-eth1 faces h1 over 3 m of cable: 15 ns x dilation on both classes
+    want_us = 15 * seen["dilation"] / 1e3
+    assert sorted(parent for parent, _ in seen["netem"]) == ["10:1", "1:2"], seen["netem"]
+    assert all(abs(_us(delay) - want_us) <= 1 for _, delay in seen["netem"]), (want_us, seen["netem"])
     want_ms = 2 * 1030 * seen["dilation"] / 1e6
     assert len(seen["rtts_ms"]) >= 4
     assert want_ms * 0.98 <= min(seen["rtts_ms"]) <= want_ms * 1.5 + 20, (want_ms, seen["rtts_ms"])
+
+
+def _us(text: str) -> float:
+    """A tc delay ("750us", "1.5ms", "2s") in microseconds."""
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    return float(m.group(1)) * {"us": 1, "ms": 1e3, "s": 1e6}[m.group(2)]
+
+
+def test_doctor_says_which_datapath_and_whether_link_delay_is_emulated():
+    """`testbed doctor` reports what this kernel has; in the stock-kernel guest (the lab VM's
+    case) that is OVS's kernel datapath and netem."""
+    res = subprocess.run([sys.executable, "-m", "testbed", "doctor"], capture_output=True, text=True, timeout=120,
+                         cwd=Path(run.ROOT))
+    assert res.returncode == 0, res.stdout + res.stderr
+    kernel_dp, netem = capabilities.ovs_kernel_datapath(), capabilities.qdisc_support()["netem"]
+    assert ("datapath: OVS kernel" in res.stdout) == kernel_dp
+    assert ("link delay: emulated with netem" in res.stdout) == netem
+    assert ("link delay: NOT emulated" in res.stdout) == (not netem)
+    if os.environ.get("TESTBED_EXPECT_DATAPATH") == "kernel":
+        assert kernel_dp and netem, res.stdout
+    assert "ready to run" in res.stdout
