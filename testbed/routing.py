@@ -107,7 +107,7 @@ class FabricController:
         for r in plan["routes"]:
             self.routes.setdefault(r["switch"], []).append(r)
         self.ports: dict[str, list] = {}
-        for link in plan["links"]:
+        for link in plan.get("links", []):
             for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"])):
                 self.ports.setdefault(node, []).append(port)
         self.pending: dict[int, tuple[float, int, int]] = {}
