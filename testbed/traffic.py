@@ -49,6 +49,7 @@ class Workload:
     micro_batches: int = 1
     pipeline_bytes: int = 0  # activations sent between pipeline stages per micro-batch
     tensor_bytes: int = 0  # bytes of each tensor-parallel AllReduce (NVLink)
+    dcqcn_params: tuple = ()  # ((agent.dcqcn.Params field, value), ...) overriding NVIDIA's defaults
 
     @property
     def compute_ns(self) -> int:
@@ -134,8 +135,12 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
         c.problem(tr_path + ("mtu",), f"expected an RDMA path MTU ({', '.join(map(str, RDMA_MTUS))}), "
                                       f"got {_show(mtu)}")
     dcqcn = tr.get("dcqcn", "on")
-    if dcqcn not in (True, False, "on", "off"):
-        c.problem(tr_path + ("dcqcn",), f"expected on or off, got {_show(dcqcn)}")
+    dcqcn_params = ()
+    if isinstance(dcqcn, dict):
+        dcqcn_params = _dcqcn_params(c, dcqcn, tr_path + ("dcqcn",))
+        dcqcn = "on"
+    elif dcqcn not in (True, False, "on", "off"):
+        c.problem(tr_path + ("dcqcn",), f"expected on, off or a mapping of DCQCN parameters, got {_show(dcqcn)}")
     schedule = doc.get("pipeline_schedule", "1f1b")
     if schedule not in ("gpipe", "1f1b"):
         c.problem(path + ("pipeline_schedule",), f"expected gpipe or 1f1b, got {_show(schedule)}")
@@ -163,7 +168,39 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
                     micro_batches=micro_batches, pipeline_bytes=activations,
                     # Megatron: 2 AllReduces per layer forward (attention, MLP) and 2 backward;
                     # modelled as one AllReduce of their total after each forward/backward
-                    tensor_bytes=2 * per_stage_layers * activations)
+                    tensor_bytes=2 * per_stage_layers * activations, dcqcn_params=dcqcn_params)
+
+
+# transport.dcqcn as a mapping: DCQCN on with these parameters (real units) instead of the
+# NVIDIA firmware defaults (agent/dcqcn.py); name -> (Params field, parser)
+DCQCN_KEYS = {
+    "time_reset": ("time_reset_ns", units.parse_duration_ns),  # rate-increase timer
+    "byte_reset": ("byte_reset", units.parse_size_bytes),  # rate-increase byte counter
+    "ai_rate": ("ai_bps", units.parse_rate_bps),
+    "hai_rate": ("hai_bps", units.parse_rate_bps),
+    "reduce_period": ("reduce_period_ns", units.parse_duration_ns),  # at most one cut per period
+    "cnp_interval": ("cnp_interval_ns", units.parse_duration_ns),  # at most one CNP per QP per interval
+}
+
+
+def _dcqcn_params(c, doc: dict, path: tuple) -> tuple:
+    c.mapping(doc, path, tuple(DCQCN_KEYS) + ("min_dec_factor",))
+    out = []
+    for key, (field, parser) in DCQCN_KEYS.items():
+        if key in doc:
+            value = c.unit(doc, key, path, parser)
+            if value is not None:
+                if value <= 0:
+                    c.problem(path + (key,), f"expected a value > 0, got {_show(doc[key])}")
+                else:
+                    out.append((field, value))
+    if "min_dec_factor" in doc:
+        f = doc["min_dec_factor"]
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            c.problem(path + ("min_dec_factor",), f"expected a number in (0, 1], got {_show(f)}")
+        else:
+            out.append(("min_dec_factor", float(f)))
+    return tuple(out)
 
 
 def split_buckets(total_bytes: int, bucket_bytes: int | None) -> tuple:

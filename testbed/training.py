@@ -94,7 +94,8 @@ class Training:
                                       "line_bps": self.plan.scenario.fabric.nvlink_rate_bps}
                 cfg = {"gpu": name, "index": h.index, "nics": nics,
                        "peers": peers, "dilation": self.plan.dilation.factor,
-                       "mtu_bytes": self.workload.mtu_bytes, "dcqcn": self.workload.dcqcn, "rto_ns": RTO_REAL_NS,
+                       "mtu_bytes": self.workload.mtu_bytes, "dcqcn": self.workload.dcqcn,
+                       "dcqcn_params": dict(self.workload.dcqcn_params), "rto_ns": RTO_REAL_NS,
                        "ops": ops, "records": str(self.records_dir / f"{name}.jsonl")}
                 path = work / f"agent-{name}.json"
                 path.write_text(json.dumps(cfg))

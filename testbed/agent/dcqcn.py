@@ -52,6 +52,10 @@ class ReactionPoint:
         self.cnps += 1
         if not self.enabled:
             return
+        if self.last_cut_ns is None:
+            # "initial_alpha_value: the alpha used when receiving the first CNP for a flow"
+            self.alpha = self.p.initial_alpha
+            self.next_alpha_ns = now_ns + self.p.alpha_period_ns
         self.cnp_since_alpha = True
         if self.last_cut_ns is not None and now_ns - self.last_cut_ns < self.p.reduce_period_ns:
             return

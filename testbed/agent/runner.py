@@ -97,7 +97,7 @@ class Agent:
         self.ops = cfg["ops"]
         self.out = open(cfg["records"], "w", buffering=1)
         self.payload = bytes(self.mtu)
-        self.params = Params()
+        self.params = Params(**cfg.get("dcqcn_params", {}))
         self.nics = {link: Nic(link, spec) for link, spec in cfg["nics"].items()}
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RX_BUFFER_BYTES)

@@ -8,6 +8,7 @@ import pytest
 from testbed import plan as planning, roce, scenario, schedule
 from testbed.agent.dcqcn import Params, ReactionPoint
 from testbed.agent.transport import RecvQP, SendQP, unwrap
+from testbed.errors import ConfigError
 
 
 def default_plan(*sets):
@@ -149,6 +150,29 @@ def test_dcqcn_cuts_on_cnp_and_recovers():
         rp.on_sent(200_000, t)
     assert rp.rate_bps == 400e9 and rp.alpha < 0.1
     assert low < rp.rate_bps
+
+
+def test_dcqcn_first_cnp_uses_the_initial_alpha_however_long_the_flow_ran():
+    rp = ReactionPoint(400e9, 0, Params())
+    for t in range(0, 100_000, 1000):  # 100 us at line rate before any congestion
+        rp.tick(t)
+    rp.on_cnp(100_000)
+    assert rp.rate_bps == 200e9 and rp.alpha == pytest.approx(1.0, abs=0.01)
+
+
+def test_dcqcn_parameters_from_the_workload():
+    sc = scenario.load("default", ["workload.transport.dcqcn={byte_reset: 10MB, time_reset: 55us, ai_rate: 40M}"])
+    assert dict(sc.workload.dcqcn_params) == {"time_reset_ns": 55_000, "byte_reset": 10_000_000, "ai_bps": 40e6}
+    assert sc.workload.dcqcn
+    p = Params(**dict(sc.workload.dcqcn_params))
+    assert p.byte_reset == 10_000_000 and p.reduce_period_ns == Params().reduce_period_ns
+    with pytest.raises(ConfigError) as err:
+        scenario.load("default", ["workload.transport.dcqcn={byte_reset: lots, speed: 2}"])
+    opt = "--set workload.transport.dcqcn={byte_reset: lots, speed: 2}"
+    assert err.value.problems == [
+        f"{opt}: speed: unknown field (expected one of: time_reset, byte_reset, ai_rate, hai_rate, reduce_period, "
+        "cnp_interval, min_dec_factor)",
+        f"{opt}: byte_reset: expected a size like 32MB, 100KB, 9000B, got 'lots'"]
 
 
 def test_dcqcn_off_ignores_cnps():
