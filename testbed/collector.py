@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import time
 from pathlib import Path
 
-from . import telemetry
+from . import bpfmap, queues as queue_settings, telemetry
 from .marker import Counters
 from .qdiscstat import QdiscReader
 
@@ -26,6 +27,7 @@ class Collector:
         self.queues = plan.get("queues", [])
         self.pins = Path(pins) if pins else None
         self.counters: Counters | None = None
+        self.cfg: bpfmap.Map | None = None  # per-port settings; its last field is PFC's "paused"
         self.qdiscs: QdiscReader | None = None
         self.ifindex: dict[str, int] = {}
         self.polls = 0
@@ -37,6 +39,8 @@ class Collector:
             f.close()
         if self.counters is not None:
             self.counters.close()
+        if self.cfg is not None:
+            self.cfg.close()
         if self.qdiscs is not None:
             self.qdiscs.close()
 
@@ -54,7 +58,11 @@ class Collector:
         try:
             ifindex = {pq["intf"]: socket.if_nametoindex(pq["intf"]) for pq in self.queues}
             self.counters = Counters(self.pins)
+            self.cfg = bpfmap.Map(str(self.pins / "testbed_cfg"), queue_settings.CFG_SIZE)
         except OSError:
+            if self.counters is not None:
+                self.counters.close()
+                self.counters = None
             return False
         self.ifindex = ifindex
         self.qdiscs = QdiscReader()
@@ -76,7 +84,9 @@ class Collector:
                 tbf = self.qdiscs.read(idx)
             except OSError:
                 continue
-            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf))
+            raw = self.cfg.lookup(idx)
+            paused = bool(struct.unpack(queue_settings.CFG_FORMAT, raw)[-1]) if raw else False
+            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf, paused))
         self.write("queues", records)
         return len(records)
 

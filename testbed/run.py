@@ -292,6 +292,7 @@ def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool,
     t0 = time.monotonic()
     training = Training(fab, plan, workload, run_dir, record, link_delay=link_delay)
     ideal = training.ideal()
+    progress = None
     try:
         with training:
             ideal_emulated_s = workload.iterations * plan.dilation.duration_ns(ideal["iteration_ns"]) / 1e9
@@ -303,6 +304,8 @@ def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool,
             progress = Progress(training.ops, training.records_dir, workload.iterations)
             training.train(timeout_s=max(120.0, 20 * ideal_emulated_s), progress=progress)  # a guard, not a bound
     finally:
+        if progress is not None:
+            progress.close()
         # after the agents have exited: their per-QP counters are the last lines they write
         timings["training"] = round(time.monotonic() - t0, 3)
         summary = summarise(load_records(training.records_dir), workload, training.collectives, ideal,

@@ -158,6 +158,14 @@ class Progress:
         self.done = 0
         self.now = ""
         self.reported = 0
+        self.drawn = False  # a bar is on the terminal without its newline
+
+    def close(self):
+        """End a bar left unfinished (training failed or was interrupted)."""
+        if self.drawn:
+            self.out.write("\n")
+            self.out.flush()
+            self.drawn = False
 
     def poll(self):
         for path in sorted(self.records_dir.glob("*.jsonl")):
@@ -194,7 +202,8 @@ class Progress:
         self.poll()
         if self.tty:
             self.out.write("\r" + self.line().ljust(90))
-            if self.done >= self.total:
+            self.drawn = self.done < self.total
+            if not self.drawn:
                 self.out.write("\n")
             self.out.flush()
             return

@@ -152,3 +152,20 @@ def test_progress_counts_ops_as_they_are_written(tmp_path):
     p.tick()
     assert p.iterations_done == 1 and "iteration 1/2 done on every GPU (2/4 ops)" in out.getvalue()
     assert "50%" in p.line() and "dp sends" in p.line()
+
+
+def test_progress_bar_on_a_terminal_is_redrawn_and_ended(tmp_path):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    p = Progress({"h1": [SimpleNamespace(iteration=0), SimpleNamespace(iteration=0)]}, tmp_path, iterations=1,
+                 out=out)
+    (tmp_path / "h1.jsonl").write_text(json.dumps({"type": "op", "kind": "compute", "phase": "forward",
+                                                   "iteration": 0}) + "\n")
+    p.tick()
+    assert out.getvalue().startswith("\rtraining [###############...............]  50%") and "forward" in out.getvalue()
+    assert not out.getvalue().endswith("\n")
+    p.close()  # training ended early: the bar gets its newline
+    assert out.getvalue().endswith("\n")
