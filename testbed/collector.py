@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import time
 from pathlib import Path
 
-from . import bpfmap, queues as queue_settings, telemetry
+from . import telemetry
 from .marker import Counters
 from .qdiscstat import QdiscReader
 
@@ -27,7 +26,6 @@ class Collector:
         self.queues = plan.get("queues", [])
         self.pins = Path(pins) if pins else None
         self.counters: Counters | None = None
-        self.cfg: bpfmap.Map | None = None  # per-port settings; its last field is PFC's "paused"
         self.qdiscs: QdiscReader | None = None
         self.ifindex: dict[str, int] = {}
         self.polls = 0
@@ -39,8 +37,6 @@ class Collector:
             f.close()
         if self.counters is not None:
             self.counters.close()
-        if self.cfg is not None:
-            self.cfg.close()
         if self.qdiscs is not None:
             self.qdiscs.close()
 
@@ -58,11 +54,7 @@ class Collector:
         try:
             ifindex = {pq["intf"]: socket.if_nametoindex(pq["intf"]) for pq in self.queues}
             self.counters = Counters(self.pins)
-            self.cfg = bpfmap.Map(str(self.pins / "testbed_cfg"), queue_settings.CFG_SIZE)
         except OSError:
-            if self.counters is not None:
-                self.counters.close()
-                self.counters = None
             return False
         self.ifindex = ifindex
         self.qdiscs = QdiscReader()
@@ -84,9 +76,7 @@ class Collector:
                 tbf = self.qdiscs.read(idx)
             except OSError:
                 continue
-            raw = self.cfg.lookup(idx)
-            paused = bool(struct.unpack(queue_settings.CFG_FORMAT, raw)[-1]) if raw else False
-            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf, paused))
+            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf))
         self.write("queues", records)
         return len(records)
 

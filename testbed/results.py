@@ -30,8 +30,7 @@ Frames (empty when the run did not produce them):
   ``tx_utilisation`` (of the port's link rate).
 - ``queues``: every switch port's egress queue per poll (switch, port, intf, t_ns,
   t_real_ns): depth_bytes (the marker's shadow queue at the poll), max_depth_bytes (its
-  maximum since the previous poll), paused (PFC holds its data class), tbf_backlog_bytes
-  (the real qdisc's backlog), the
+  maximum since the previous poll), tbf_backlog_bytes (the real qdisc's backlog), the
   marker's cumulative packets, bytes, ect, marked, drops, control_packets and the TBF's
   tbf_sent_bytes/tbf_drops; per interval ``marked_delta``, ``drops_delta``, ``ect_delta``,
   and the port's kmin/kmax/xoff bytes and real/emulated rate from the plan.

@@ -6,8 +6,8 @@ into the run folder as JSON lines:
   ``routing``), one record per (switch port the packets arrived on, codepoint);
 - ``queues.jsonl``: every switch port's egress queue: the marker's counters (packets,
   ECT, marked, drops, control packets), the shadow depth now and its maximum since the
-  previous poll (bursts shorter than the interval are not lost), whether PFC holds its
-  data class paused, and the data class TBF's own counters (backlog, sent, drops);
+  previous poll (bursts shorter than the interval are not lost), and the data class
+  TBF's own counters (backlog, sent, drops);
 - ``polls.jsonl``: one line per poll (when, how long the reads took, polls skipped
   because the collector fell behind, the host's CPU busy fraction and ovs-vswitchd's
   CPU in cores since the previous poll): the fidelity guard's input.
@@ -79,12 +79,11 @@ def ecn_records(now_ns: int, switch: str, stats) -> list:
     return out
 
 
-def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None, paused: bool = False) -> dict:
+def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None) -> dict:
     """One switch port's egress queue at ``now_ns``: ``pq`` is the plan's queue entry,
     ``state`` the marker's counters (``marker.Counters.read``; None before the first
-    packet), ``tbf`` the data class TBF's counters (``qdiscstat``), ``paused`` whether PFC
-    holds its data class at this moment."""
-    rec = {"t_ns": now_ns, "switch": pq["switch"], "port": pq["port"], "intf": pq["intf"], "paused": paused}
+    packet), ``tbf`` the data class TBF's counters (``qdiscstat``)."""
+    rec = {"t_ns": now_ns, "switch": pq["switch"], "port": pq["port"], "intf": pq["intf"]}
     if state is None:
         rec.update({k: 0 for k in ("depth_bytes", "max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
                                    "control_packets")})
