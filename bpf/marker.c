@@ -24,6 +24,8 @@
  *                 (ports without one pass untouched)
  *   testbed_state per ifindex: shadow queue and counters, written by this program only
  *   testbed_epoch one u64, written by the collector only
+ *   testbed_pfc   per ifindex: PFC counters, written by the PFC process only and read by
+ *                 the collector (not used by this program: pinned with it for the run)
  * "Max depth since the last read": the collector bumps the epoch, then reads; the first
  * packet of a new epoch moves the finished epoch's maximum to prev_max_depth_bytes.
  */
@@ -89,6 +91,22 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } testbed_epoch SEC(".maps");
+
+struct pfc_counters {
+	__u64 frames_sent;        /* PFC frames this port sent upstream (XOFF and XON) */
+	__u64 xoff_sent;
+	__u64 frames_received;    /* PFC frames for the data class received on this port */
+	__u64 paused_ns;          /* time its data class was paused, finished pauses */
+	__u64 paused_since_ns;    /* CLOCK_MONOTONIC start of the current pause, 0 if none */
+	__u64 headroom_high_water_bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct pfc_counters);
+} testbed_pfc SEC(".maps");
 
 static __always_inline void drain(struct state *s, const struct cfg *c, __u64 now)
 {

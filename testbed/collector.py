@@ -11,7 +11,7 @@ import socket
 import time
 from pathlib import Path
 
-from . import telemetry
+from . import bpfmap, queues as queue_settings, telemetry
 from .marker import Counters
 from .qdiscstat import QdiscReader
 
@@ -26,6 +26,7 @@ class Collector:
         self.queues = plan.get("queues", [])
         self.pins = Path(pins) if pins else None
         self.counters: Counters | None = None
+        self.pfc: bpfmap.Map | None = None  # the PFC process's per-port counters
         self.qdiscs: QdiscReader | None = None
         self.ifindex: dict[str, int] = {}
         self.polls = 0
@@ -37,6 +38,8 @@ class Collector:
             f.close()
         if self.counters is not None:
             self.counters.close()
+        if self.pfc is not None:
+            self.pfc.close()
         if self.qdiscs is not None:
             self.qdiscs.close()
 
@@ -54,7 +57,11 @@ class Collector:
         try:
             ifindex = {pq["intf"]: socket.if_nametoindex(pq["intf"]) for pq in self.queues}
             self.counters = Counters(self.pins)
+            self.pfc = bpfmap.Map(str(self.pins / "testbed_pfc"), queue_settings.PFC_SIZE)
         except OSError:
+            if self.counters is not None:
+                self.counters.close()
+                self.counters = None
             return False
         self.ifindex = ifindex
         self.qdiscs = QdiscReader()
@@ -76,7 +83,9 @@ class Collector:
                 tbf = self.qdiscs.read(idx)
             except OSError:
                 continue
-            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf))
+            raw = self.pfc.lookup(idx)
+            pfc = queue_settings.pfc_counters(raw) if raw else None
+            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf, pfc))
         self.write("queues", records)
         return len(records)
 

@@ -71,6 +71,7 @@ class Pfcd:
         self.tc = PortTc()
         self.cfg_map = Map(cfg["pins"] + "/testbed_cfg", queues.CFG_SIZE)
         self.state_map = Map(cfg["pins"] + "/testbed_state", queues.STATE_SIZE)
+        self.pfc_map = Map(cfg["pins"] + "/testbed_pfc", queues.PFC_SIZE)  # our counters, for the collector
         self.ports: dict[str, Port] = {}
         for entry in cfg["ports"]:
             pq = entry["queue"]
@@ -83,6 +84,13 @@ class Pfcd:
     def record(self, **fields):
         self.out.write(json.dumps(fields) + "\n")
 
+    def publish(self, port: Port):
+        """A port's counters into the run's testbed_pfc map, where the collector reads them."""
+        self.pfc_map.update(port.ifindex, queues.pack_pfc_counters(
+            frames_sent=port.frames_sent, xoff_sent=port.xoff_sent, frames_received=port.frames_received,
+            paused_ns=port.paused_total_ns, paused_since_ns=port.paused_since_ns or 0,
+            headroom_high_water_bytes=port.headroom_high_water_bytes))
+
     # -- sending ---------------------------------------------------------------------------
     def send(self, port: Port, quanta: int, now: int, why: str):
         port.sock.send(pfc.frame(port.mac, {pfc.LOSSLESS_PRIORITY: quanta}))
@@ -91,6 +99,7 @@ class Pfcd:
             port.xoff_sent += 1
         self.record(t_ns=now, event="xoff_sent" if quanta else "xon_sent", port=port.pq["intf"], quanta=quanta,
                     why=why)
+        self.publish(port)
 
     def poll_queues(self, now: int):
         for intf, port in self.ports.items():
@@ -102,8 +111,9 @@ class Pfcd:
             state = queues.marker_state(raw)
             rate = 0.0 if port.paused_since_ns is not None else port.pq["emulated_rate_bps"]
             depth = queues.shadow_depth_now(state, rate, now)
-            if depth > port.pq["xoff_bytes"]:
-                port.headroom_high_water_bytes = max(port.headroom_high_water_bytes, depth - port.pq["xoff_bytes"])
+            if depth - port.pq["xoff_bytes"] > port.headroom_high_water_bytes:
+                port.headroom_high_water_bytes = depth - port.pq["xoff_bytes"]
+                self.publish(port)
             action = port.hyst.update(depth, now)
             if action == "xoff":
                 for name in port.feeders:
@@ -135,6 +145,7 @@ class Pfcd:
             port.paused_total_ns += now - port.paused_since_ns
             port.paused_since_ns = None
         self.record(t_ns=now, event="paused" if paused else "resumed", port=pq["intf"])
+        self.publish(port)
 
     def receive(self, port: Port, now: int):
         for src, quanta in pfc.drain(port.sock):
@@ -143,6 +154,7 @@ class Pfcd:
             if pfc.LOSSLESS_PRIORITY not in quanta:
                 continue
             port.frames_received += 1
+            self.publish(port)
             q = quanta[pfc.LOSSLESS_PRIORITY]
             if q:
                 port.paused_until_ns = now + int(self.d.duration_ns(pfc.pause_ns(q, port.pq["rate_bps"])))

@@ -44,6 +44,11 @@ CFG_FORMAT = "=7Q"
 CFG_SIZE = struct.calcsize(CFG_FORMAT)
 STATE_FORMAT = "=12Q8x"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
+# struct pfc_counters (testbed_pfc, written by testbed.pfcd, read by the collector)
+PFC_FORMAT = "=6Q"
+PFC_SIZE = struct.calcsize(PFC_FORMAT)
+PFC_FIELDS = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "paused_since_ns",
+              "headroom_high_water_bytes")
 STATE_FIELDS = ("depth_bytes", "tokens_bytes", "last_ns", "packets", "bytes", "ect", "marked", "drops",
                 "max_depth_bytes", "epoch", "prev_max_depth_bytes", "control_packets")
 
@@ -140,3 +145,12 @@ def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> floa
 def marker_state(raw: bytes) -> dict:
     """``struct state`` of bpf/marker.c as a dict."""
     return dict(zip(STATE_FIELDS, struct.unpack(STATE_FORMAT, raw)))
+
+
+def pfc_counters(raw: bytes) -> dict:
+    """``struct pfc_counters`` of bpf/marker.c as a dict."""
+    return dict(zip(PFC_FIELDS, struct.unpack(PFC_FORMAT, raw)))
+
+
+def pack_pfc_counters(**fields) -> bytes:
+    return struct.pack(PFC_FORMAT, *(int(fields.get(k, 0)) for k in PFC_FIELDS))

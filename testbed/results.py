@@ -32,7 +32,9 @@ Frames (empty when the run did not produce them):
   t_real_ns): depth_bytes (the marker's shadow queue at the poll), max_depth_bytes (its
   maximum since the previous poll), tbf_backlog_bytes (the real qdisc's backlog), the
   marker's cumulative packets, bytes, ect, marked, drops, control_packets and the TBF's
-  tbf_sent_bytes/tbf_drops; per interval ``marked_delta``, ``drops_delta``, ``ect_delta``,
+  tbf_sent_bytes/tbf_drops, the port's PFC counters (pfc_frames_sent, pfc_xoff_sent,
+  pfc_frames_received, pfc_paused_ns emulated, pfc_headroom_high_water_bytes); per
+  interval ``marked_delta``, ``drops_delta``, ``ect_delta``, ``pfc_frames_sent_delta``,
   and the port's kmin/kmax/xoff bytes and real/emulated rate from the plan.
 - ``ecn``: per link, the packets that arrived over it by ECN codepoint (cumulative
   counters per poll): switch, port, intf (the receiving port), peer (the sender),
@@ -176,8 +178,9 @@ def _queues(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
     if df.empty:
         return df
     df = df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
-    for col in ("marked", "drops", "ect", "packets"):
-        df[f"{col}_delta"] = df.groupby("intf")[col].diff().fillna(df[col])
+    for col in ("marked", "drops", "ect", "packets", "pfc_frames_sent"):
+        if col in df:
+            df[f"{col}_delta"] = df.groupby("intf")[col].diff().fillna(df[col])
     pq = pd.DataFrame(plan.get("queues", []))
     if not pq.empty:
         keep = [c for c in ("intf", "peer", "rate_bps", "emulated_rate_bps", "kmin_bytes", "kmax_bytes", "xoff_bytes",

@@ -6,8 +6,10 @@ into the run folder as JSON lines:
   ``routing``), one record per (switch port the packets arrived on, codepoint);
 - ``queues.jsonl``: every switch port's egress queue: the marker's counters (packets,
   ECT, marked, drops, control packets), the shadow depth now and its maximum since the
-  previous poll (bursts shorter than the interval are not lost), and the data class
-  TBF's own counters (backlog, sent, drops);
+  previous poll (bursts shorter than the interval are not lost), the data class TBF's
+  own counters (backlog, sent, drops) and the port's PFC counters (frames sent and
+  received, paused time, headroom high-water: the PFC process keeps them in the run's
+  ``testbed_pfc`` map);
 - ``polls.jsonl``: one line per poll (when, how long the reads took, polls skipped
   because the collector fell behind, the host's CPU busy fraction and ovs-vswitchd's
   CPU in cores since the previous poll): the fidelity guard's input.
@@ -79,10 +81,12 @@ def ecn_records(now_ns: int, switch: str, stats) -> list:
     return out
 
 
-def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None) -> dict:
+def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None, pfc: dict | None = None) -> dict:
     """One switch port's egress queue at ``now_ns``: ``pq`` is the plan's queue entry,
     ``state`` the marker's counters (``marker.Counters.read``; None before the first
-    packet), ``tbf`` the data class TBF's counters (``qdiscstat``)."""
+    packet), ``tbf`` the data class TBF's counters (``qdiscstat``), ``pfc`` the PFC
+    process's counters for the port (``queues.pfc_counters``; None before its first
+    event): frames sent and received, paused time up to ``now_ns``, headroom high-water."""
     rec = {"t_ns": now_ns, "switch": pq["switch"], "port": pq["port"], "intf": pq["intf"]}
     if state is None:
         rec.update({k: 0 for k in ("depth_bytes", "max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
@@ -94,6 +98,12 @@ def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None) ->
     if tbf is not None:
         rec.update(tbf_backlog_bytes=tbf.get("backlog_bytes", 0), tbf_sent_bytes=tbf.get("sent_bytes", 0),
                    tbf_drops=tbf.get("drops", 0))
+    p = pfc or {}
+    since = p.get("paused_since_ns", 0)
+    rec.update(pfc_frames_sent=p.get("frames_sent", 0), pfc_xoff_sent=p.get("xoff_sent", 0),
+               pfc_frames_received=p.get("frames_received", 0),
+               pfc_paused_ns=p.get("paused_ns", 0) + (max(0, now_ns - since) if since else 0),
+               pfc_headroom_high_water_bytes=p.get("headroom_high_water_bytes", 0))
     return rec
 
 

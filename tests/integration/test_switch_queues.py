@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import queuestat, registry, run, scenario
+from testbed import queuestat, registry, results, run, scenario
 from testbed.process import wait_for
 
 pytestmark = pytest.mark.integration
@@ -116,6 +116,7 @@ def victim_run(tmp_path, pfc_on: bool) -> dict:
     result = run.run(sc, run.RunOptions(results_dir=tmp_path, hook=hook))
     assert result.status == "ok", result.reason
     out["pfc"] = result.manifest.get("pfc")
+    out["queues"] = results.load(result.run_dir).queues
     return out
 
 
@@ -129,4 +130,8 @@ def test_pause_spreads_upstream_and_slows_a_victim_flow(tmp_path, clean_slate):
     assert off["victim_received"] >= 0.99 * off["victim_sent"], off
     on = victim_run(tmp_path / "on", pfc_on=True)
     assert "spine1-eth2" in on["pfc"]["paused_ports"] and "leaf1-eth5" in on["pfc"]["paused_ports"], on["pfc"]
+    # the collector's polls saw those ports' paused time grow (the PFC process's counters)
+    q = on["queues"]
+    assert q[q.intf == "spine1-eth2"].pfc_paused_ns.max() > 0 and q[q.intf == "leaf1-eth5"].pfc_paused_ns.max() > 0
+    assert off["queues"].pfc_paused_ns.max() == 0
     assert on["victim_received"] < 0.9 * on["victim_sent"], on

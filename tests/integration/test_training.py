@@ -143,6 +143,12 @@ def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
                                      text=True, timeout=60, check=True).stdout for h in procs)
     assert "Opcode: Class Based Flow Control [CBFC] Pause (0x0101)" in decoded, decoded[:500]
     assert "CBFC Class Enable Vector: 0x0008, C3" in decoded  # priority 3 only: the data class
+    # the collector read the PFC process's counters as the run went: every XOFF was sent
+    # while the GPUs trained, so its last poll after training has them all
+    last = results.load(result.run_dir).queues.sort_values("t_ns").groupby("intf").tail(1)
+    assert last.pfc_xoff_sent.sum() == p["xoff_sent"] and 0 < last.pfc_frames_sent.sum() <= p["frames_sent"]
+    assert abs(last.pfc_headroom_high_water_bytes.max() - p["headroom_high_water_bytes"]) <= 1
+    assert last.pfc_frames_received.sum() <= p["frames_received"]
     # the summary reports the same PFC totals, and the collector's queue counters no drop
     s = json.loads((result.run_dir / "summary.json").read_text())
     assert s["pfc"]["xoff_frames"] == p["xoff_sent"] and s["pfc"]["pause_frames"] == p["frames_sent"]

@@ -41,7 +41,13 @@ def test_queue_record_drains_the_shadow_to_now_and_keeps_the_interval_max():
     rec = telemetry.queue_record(3_000_000, pq, state, {"backlog_bytes": 3100, "sent_bytes": 99, "drops": 0})
     assert rec["depth_bytes"] == 3000 and rec["max_depth_bytes"] == 9000 and rec["tbf_backlog_bytes"] == 3100
     assert rec["marked"] == 1 and rec["tbf_sent_bytes"] == 99
+    # PFC: 2 ms of finished pauses plus a pause running since 2.5 ms
+    pfc = {"frames_sent": 4, "xoff_sent": 2, "frames_received": 3, "paused_ns": 2_000_000,
+           "paused_since_ns": 2_500_000, "headroom_high_water_bytes": 700}
+    rec = telemetry.queue_record(3_000_000, pq, state, None, pfc)
+    assert rec["pfc_paused_ns"] == 2_500_000 and rec["pfc_xoff_sent"] == 2 and rec["pfc_frames_received"] == 3
     idle = telemetry.queue_record(1, pq, None, None)
+    assert idle["pfc_frames_sent"] == 0 and idle["pfc_paused_ns"] == 0
     assert idle["packets"] == 0 and idle["depth_bytes"] == 0 and "tbf_backlog_bytes" not in idle
 
 
