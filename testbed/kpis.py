@@ -56,7 +56,7 @@ def summary(r) -> dict:
 
 def _completeness(r, out) -> tuple[bool, str]:
     m = r.manifest
-    if m.get("status") not in ("ok",):
+    if m.get("status") != "ok":
         return False, f"run {m.get('status')}: {m.get('reason') or 'no reason recorded'}"
     its = out["jct"]["iterations"]
     want = (m.get("workload") or {}).get("iterations")
@@ -106,20 +106,21 @@ def _collectives(r) -> dict:
     return out
 
 
-def _last(df, by="intf"):
+def last_poll(df, by="intf"):
+    """The last poll of every port (collector counters are cumulative: these are the totals)."""
     return df.sort_values("t_ns").groupby(by).tail(1)
 
 
 def _ecn(r) -> dict:
     out = {}
     if not r.queues.empty:
-        last = _last(r.queues)
+        last = last_poll(r.queues)
         ect, marked = int(last.ect.sum()), int(last.marked.sum())
         out.update(ect_packets=ect, marked_packets=marked, marking_ratio=marked / ect if ect else 0.0,
                    per_port={row.intf: {"ect": int(row.ect), "marked": int(row.marked)}
                              for row in last.itertuples() if row.ect})
     if not r.ecn.empty:
-        last = _last(r.ecn)
+        last = last_poll(r.ecn)
         out["links"] = {row.intf: {"from": row.peer, "not_ect": int(row.not_ect), "ect0": int(row.ect0),
                                    "ect1": int(row.ect1), "ce": int(row.ce)}
                         for row in last.itertuples() if row.not_ect + row.ect0 + row.ect1 + row.ce}
@@ -130,7 +131,7 @@ def _ecn(r) -> dict:
 def _drops(r) -> dict:
     if r.queues.empty:
         return {}
-    last = _last(r.queues)
+    last = last_poll(r.queues)
     drops, packets = int(last.drops.sum()), int(last.packets.sum())
     return {"packets": drops, "offered_packets": packets, "ppm": drops / packets * 1e6 if packets else 0.0,
             "per_port": {row.intf: int(row.drops) for row in last.itertuples() if row.drops}}
@@ -186,7 +187,7 @@ def _ecmp(r) -> dict:
     if r.ports.empty or not groups:
         return {}
     first = r.ports.sort_values("t_ns").groupby("intf").head(1).set_index("intf").tx_bytes
-    last = _last(r.ports).set_index("intf").tx_bytes
+    last = last_poll(r.ports).set_index("intf").tx_bytes
     sent = (last - first).to_dict()
     per_leaf = {}
     for leaf, intfs in groups.items():

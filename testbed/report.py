@@ -16,7 +16,6 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from . import kpis, results, units
-from .kpis import kpi_rows
 
 MAX_TIMELINE_ITERATIONS = 3  # a per-GPU timeline of more would be unreadable (and heavy)
 MAX_QUEUE_PORTS = 6
@@ -126,7 +125,7 @@ def queue_fig(r):
 def counters_fig(r, s):
     if r.queues.empty:
         return None
-    last = r.queues.sort_values("t_ns").groupby("intf").tail(1).set_index("intf")
+    last = kpis.last_poll(r.queues).set_index("intf")
     pfc = {}
     if not r.pfc_ports.empty:
         pfc = {row["port"]: row.get("frames_sent", 0) for row in r.pfc_ports.to_dict("records")}
@@ -258,7 +257,7 @@ def render(r, s: dict) -> str:
     body += ["<h2>What happened</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in kpis.narrative(s))
              + "</ul>", "<h2>Can these numbers be trusted? (fidelity guard)</h2>", _fidelity_html(s.get("fidelity", {})),
              "<h2>KPIs</h2>", "<p class='how'>Measured values beside their analytical references, in real-fabric "
-             "units.</p>", _table(kpi_rows(s), ["KPI", "measured", "reference"])]
+             "units.</p>", _table(kpis.kpi_rows(s), ["KPI", "measured", "reference"])]
     for key, heading, how, make in SECTIONS:
         fig = (counters_fig(r, s) if key == "counters" else collectives_fig(s) if key == "collectives"
                else make(r))
@@ -284,7 +283,7 @@ def compare_rows(summaries: list[dict]) -> tuple[list[str], list[list[str]]]:
     for s in summaries:
         rows = {"scenario": s["run"].get("scenario", ""), "dilation": f"{s['run'].get('dilation')}",
                 "fidelity": s.get("fidelity", {}).get("verdict", "")}
-        rows.update({k: v for k, v, _ in kpi_rows(s)})
+        rows.update({k: v for k, v, _ in kpis.kpi_rows(s)})
         per_run.append(rows)
         for k in rows:
             if k not in names:

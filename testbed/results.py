@@ -121,12 +121,8 @@ def load(run_dir) -> Results:
 
     def timed(rows, drop=("type",)):
         df = pd.DataFrame(rows)
-        if df.empty:
-            return df
         df = df.drop(columns=[c for c in drop if c in df.columns])
-        if "t_ns" in df.columns and t0 is not None:
-            df["t_real_ns"] = (df.t_ns - t0) / d
-        return df
+        return df if df.empty or t0 is None else _with_real_time(df, d, t0)
 
     qps = timed(by_type.get("qp", []))
     nics = timed(by_type.get("nic", []))
@@ -152,18 +148,28 @@ def load(run_dir) -> Results:
                                                "ideal": summary.get("ideal", {})})
 
 
-def _timed_file(path: Path, dilation: float, t0) -> pd.DataFrame:
-    df = pd.DataFrame(read_events(path))
-    if not df.empty:
+def _with_real_time(df: pd.DataFrame, dilation: float, t0) -> pd.DataFrame:
+    """``t_real_ns``: real-fabric ns since ``t0`` (the run's first op; else the frame's first row)."""
+    if "t_ns" in df.columns:
         df["t_real_ns"] = (df.t_ns - (df.t_ns.min() if t0 is None else t0)) / dilation
     return df
 
 
+def _timed_file(path: Path, dilation: float, t0) -> pd.DataFrame:
+    df = pd.DataFrame(read_events(path))
+    return df if df.empty else _with_real_time(df, dilation, t0)
+
+
+def _per_port_file(path: Path, dilation: float, t0) -> pd.DataFrame:
+    """A collector file with real time, in (port, time) order for per-interval differences."""
+    df = _timed_file(path, dilation, t0)
+    return df if df.empty else df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
+
+
 def _ports(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
-    df = _timed_file(run_dir / "ports.jsonl", dilation, t0)
+    df = _per_port_file(run_dir / "ports.jsonl", dilation, t0)
     if df.empty:
         return df
-    df = df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
     dt_real_s = df.groupby("intf").t_ns.diff() / dilation / 1e9
     for way in ("tx", "rx"):
         df[f"{way}_bps"] = df.groupby("intf")[f"{way}_bytes"].diff() * 8 / dt_real_s
@@ -174,10 +180,9 @@ def _ports(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
 
 
 def _queues(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
-    df = _timed_file(run_dir / "queues.jsonl", dilation, t0)
+    df = _per_port_file(run_dir / "queues.jsonl", dilation, t0)
     if df.empty:
         return df
-    df = df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
     for col in ("marked", "drops", "ect", "packets", "pfc_frames_sent"):
         if col in df:
             df[f"{col}_delta"] = df.groupby("intf")[col].diff().fillna(df[col])

@@ -36,6 +36,9 @@ RX_BUFFER_BYTES = 8 * 1024 * 1024
 TX_BUFFER_BYTES = 4 * 1024 * 1024
 MAX_RX_BATCH = 256
 IDLE_WAKE_NS = 50_000_000
+# counter names (count, summed lateness, worst lateness) in the NIC record, for Agent.late
+TX_LATE = ("tx_count", "tx_late_ns", "tx_late_max_ns")
+TIMER_LATE = ("timer_count", "timer_late_ns", "timer_late_max_ns")
 
 
 class Nic:
@@ -128,13 +131,15 @@ class Agent:
     def record(self, **fields):
         self.out.write(json.dumps({"gpu": self.name, **fields}) + "\n")
 
-    def late(self, what: str, late_ns: int):
-        """Timer lateness (the fidelity guard's input): a packet sent, or a compute phase
-        noticed as ended, ``late_ns`` after it was due."""
+    def late(self, keys: tuple, late_ns: int):
+        """Timer lateness (the fidelity guard's input): a packet sent (``TX_LATE``), or a
+        compute phase noticed as ended (``TIMER_LATE``), ``late_ns`` after it was due."""
+        count, total, worst = keys
         c = self.nic_counters
-        c[f"{what}_count"] += 1
-        c[f"{what}_late_ns"] += late_ns
-        c[f"{what}_late_max_ns"] = max(c[f"{what}_late_max_ns"], late_ns)
+        c[count] += 1
+        c[total] += late_ns
+        if late_ns > c[worst]:
+            c[worst] = late_ns
 
     def note_rate(self, ch: Channel, before: float, now: int):
         if ch.rp.rate_bps != before:
@@ -198,7 +203,7 @@ class Agent:
                 if now >= end:
                     del compute_end[op_id]
                     self.finish(op_id, end)
-                    self.late("timer", now - end)
+                    self.late(TIMER_LATE, now - end)
             # 2. receive
             self.receive(now)
             self.receive_pause(now)
@@ -235,8 +240,9 @@ class Agent:
                 pkt = q.peek()
                 frame = ch.data_frame(pkt, self.payload)
                 nic.send(frame)
-                self.late("tx", now - max(ready_ns, ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0))
-                self.nic_counters["tx_gap_ns"] += self.gap_ns(len(frame), nic.line_bps)
+                line_gap_ns = self.gap_ns(len(frame), nic.line_bps)
+                self.late(TX_LATE, now - max(ready_ns, ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0))
+                self.nic_counters["tx_gap_ns"] += line_gap_ns
                 q.sent(pkt, now)
                 op_id = ch.send_ops.get(pkt.message)
                 if op_id is not None:
@@ -245,9 +251,9 @@ class Agent:
                 ch.rp.on_sent(len(frame), real_now)
                 self.note_rate(ch, before, now)
                 # a late wake-up may catch up by at most two packets (a bounded burst)
-                slack = 2 * self.gap_ns(len(frame), nic.line_bps)
+                slack = 2 * line_gap_ns
                 ch.next_tx_ns = max(ch.next_tx_ns, now - slack) + self.gap_ns(len(frame), ch.rp.rate_bps)
-                nic.free_ns = max(nic.free_ns, now - slack) + self.gap_ns(len(frame), nic.line_bps)
+                nic.free_ns = max(nic.free_ns, now - slack) + line_gap_ns
                 next_wake = min(next_wake, max(ch.next_tx_ns, nic.free_ns))
             for ch in self.channels.values():
                 q = ch.sendq
