@@ -235,3 +235,44 @@ def test_tensor_parallel_traffic_stays_on_nvlink():
     assert tp and all(o.link == "nvlink" for o in tp)
     servers = {h.name: h.server for h in p.hosts}
     assert all(servers[o.peer] == servers[name] for name, lst in ops.items() for o in lst if o.phase == "tp")
+
+
+def test_dcqcn_byte_counter_counts_64_byte_units():
+    """rpg_byte_reset 32767 counts 64-byte units: one rate-increase event per ~2 MB sent."""
+    rp = ReactionPoint(400e9, 0, Params())
+    rp.on_cnp(0)
+    assert rp.rate_bps == 200e9 and rp.target_bps == 400e9
+    rp.on_sent(32767 * 64 - 1, 10)
+    assert rp.rate_bps == 200e9
+    rp.on_sent(1, 20)  # the first event after a cut: fast recovery, halfway back to the target
+    assert rp.rate_bps == 300e9 and rp.target_bps == 400e9
+    rp.on_sent(32767 * 64, 30)  # then additive increase: the target grows by rpg_ai_rate
+    assert rp.target_bps == 400e9 and rp.rate_bps == 350e9  # (target capped at the line rate)
+
+
+def test_dcqcn_back_to_back_cuts_keep_the_target_until_the_rate_rises():
+    rp = ReactionPoint(400e9, 0, Params())
+    rp.on_cnp(0)
+    rp.on_cnp(5_000)  # no increase between the cuts: the target stays at the pre-congestion rate
+    assert rp.cuts == 2 and rp.target_bps == 400e9 and rp.rate_bps < 200e9
+    cut = rp.rate_bps
+    rp.on_sent(32767 * 64, 6_000)
+    risen = rp.rate_bps
+    assert risen == (cut + 400e9) / 2
+    rp.on_cnp(10_000)  # an increase happened since the last cut: the target clamps to the rate
+    assert rp.target_bps == risen and rp.rate_bps < risen
+
+
+def test_dcqcn_alpha_rises_in_periods_with_a_cnp_and_decays_in_the_others():
+    p = Params()
+    rp = ReactionPoint(400e9, 0, p)
+    rp.on_cnp(0)  # first CNP: alpha = initial_alpha (1.0)
+    rp.tick(500)
+    assert rp.alpha == 1.0
+    rp.tick(1_000)  # the period held a CNP: (1 - g) 1 + g
+    assert rp.alpha == pytest.approx(1.0)
+    rp.tick(2_000)  # no CNP in this one: decays
+    assert rp.alpha == pytest.approx(1 - p.g)
+    rp.on_cnp(2_500)
+    rp.tick(3_000)
+    assert rp.alpha == pytest.approx((1 - p.g) ** 2 + p.g)
