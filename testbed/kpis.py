@@ -10,7 +10,9 @@ Definitions (the IETF BMWG AI-fabric benchmarking draft's KPIs; nccl-tests' band
 - drops: packets the queues dropped (buffer full); ppm of packets offered to them.
 - PFC: pause frames sent by switch ports and paused time (real), per port and in all.
 - queue depth p95/max per port: the p95 of the per-poll maximum depth (the marker's
-  "max since the last poll") and the run's maximum.
+  "max since the last poll") and the run's maximum; and the median depth at the polls that
+  ended a backlogged interval (max since the last poll > 0): where the queue sits while it
+  is congested, the number ECN's Kmin is meant to set.
 - ECMP imbalance: per group of parallel uplinks (a leaf's ports to the spines), max/mean
   of the bytes sent over the run; 1.0 is perfect spreading.
 - Jain fairness: (sum x)^2 / (n sum x^2) over the throughputs of the fabric sends that
@@ -156,15 +158,19 @@ def _queue_depths(r) -> dict:
         return {}
     per_port = {}
     for intf, g in r.queues.groupby("intf"):
+        backlogged = g[g.max_depth_bytes > 0]
         per_port[intf] = {"p95_depth_bytes": float(g.max_depth_bytes.quantile(0.95)),
                           "max_depth_bytes": int(g.max_depth_bytes.max()),
+                          "backlogged_polls": len(backlogged),
+                          "median_backlogged_depth_bytes": float(backlogged.depth_bytes.median()) if len(backlogged) else 0.0,
                           "max_backlog_bytes": int(g.tbf_backlog_bytes.max()) if "tbf_backlog_bytes" in g else 0,
                           "kmin_bytes": _num(g.kmin_bytes.iloc[0]) if "kmin_bytes" in g else None,
                           "kmax_bytes": _num(g.kmax_bytes.iloc[0]) if "kmax_bytes" in g else None,
                           "xoff_bytes": _num(g.xoff_bytes.iloc[0]) if "xoff_bytes" in g else None}
     busiest = max(per_port, key=lambda k: per_port[k]["max_depth_bytes"])
     return {"per_port": per_port, "max_depth_bytes": per_port[busiest]["max_depth_bytes"], "busiest_port": busiest,
-            "p95_depth_bytes": max(v["p95_depth_bytes"] for v in per_port.values())}
+            "p95_depth_bytes": max(v["p95_depth_bytes"] for v in per_port.values()),
+            "median_backlogged_depth_bytes": per_port[busiest]["median_backlogged_depth_bytes"]}
 
 
 def _num(v):
@@ -287,6 +293,10 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
                      f"Kmin {units.format_size(ref['kmin_bytes']) if ref.get('kmin_bytes') is not None else 'off (ECN off)'}"
                      f"; DCTCP K > C x RTT / 7 = "
                      f"{units.format_size(ref.get('dctcp_k_bytes') or 0)}"))
+        if q.get("median_backlogged_depth_bytes"):
+            rows.append(("Queue depth while backlogged, median (that port)",
+                         units.format_size(q["median_backlogged_depth_bytes"]),
+                         f"{q['per_port'][q['busiest_port']]['backlogged_polls']} backlogged polls"))
     m = s.get("ecmp", {})
     if m.get("imbalance") is not None:
         rows.append(("ECMP imbalance (max / mean uplink bytes)", f"{m['imbalance']:.2f}",
@@ -342,7 +352,8 @@ def narrative(s: dict) -> list[str]:
                        f"workload.mapping=sequential, then testbed compare the two runs).")
         else:
             parts = [f"Queues reached {fmt_s(q['max_depth_bytes'])} on {q['busiest_port']} (Kmin {fmt_s(kmin)}, "
-                     f"p95 {fmt_s(q['p95_depth_bytes'])})"]
+                     f"p95 {fmt_s(q['p95_depth_bytes'])}; while backlogged it sat at a median of "
+                     f"{fmt_s(q.get('median_backlogged_depth_bytes', 0))})"]
             if e.get("marked_packets"):
                 parts.append(f"{e['marked_packets']} packets were CE-marked, the receivers answered with "
                              f"{t.get('cnps_sent', 0)} CNPs and DCQCN cut sender rates {t.get('dcqcn_cuts', 0)} "

@@ -18,11 +18,12 @@ def write(path, rows):
 
 
 def queue_rows(intf, samples, rate=8e6):
-    """(t_ns, backlog, sent, marked, ect, drops, max_depth) per poll."""
-    return [{"t_ns": t, "switch": intf.split("-")[0], "port": int(intf[-1]), "intf": intf, "depth_bytes": 0,
+    """(t_ns, backlog, sent, marked, ect, drops, max_depth[, depth]) per poll."""
+    return [{"t_ns": t, "switch": intf.split("-")[0], "port": int(intf[-1]), "intf": intf,
+             "depth_bytes": depth[0] if depth else 0,
              "max_depth_bytes": mx, "packets": ect + 10, "bytes": 0, "ect": ect, "marked": mk, "drops": dr,
              "control_packets": 0, "tbf_backlog_bytes": b, "tbf_sent_bytes": s, "tbf_drops": 0}
-            for t, b, s, mk, ect, dr, mx in samples]
+            for t, b, s, mk, ect, dr, mx, *depth in samples]
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def run_dir(tmp_path):
     # leaf1-eth2 backlogged for 1 s (emulated) and sent 25 MB = 200 Mbit at 400 Mbit/s: 50 %
     write(tmp_path / "queues.jsonl",
           queue_rows("leaf1-eth1", [(0, 0, 0, 0, 0, 0, 0), (10 ** 9, 0, 0, 5, 100, 1, 300)])
-          + queue_rows("leaf1-eth2", [(0, 500, 0, 0, 0, 0, 500), (10 ** 9, 500, 25_000_000, 0, 0, 0, 800)])
+          + queue_rows("leaf1-eth2", [(0, 500, 0, 0, 0, 0, 500, 300), (10 ** 9, 500, 25_000_000, 0, 0, 0, 800, 700)])
           + queue_rows("leaf1-eth3", [(0, 0, 0, 0, 0, 0, 0), (10 ** 9, 0, 0, 0, 0, 0, 0)]))
     ports = []
     for intf, sent in (("leaf1-eth2", 3000), ("leaf1-eth3", 1000)):
@@ -85,6 +86,10 @@ def test_kpis_worked_by_hand(run_dir):
     assert s["ecn"]["marking_ratio"] == 5 / 100
     assert s["drops"]["packets"] == 1 and s["drops"]["ppm"] == pytest.approx(1 / 130 * 1e6)  # 110 + 10 + 10 offered
     assert s["queues"]["max_depth_bytes"] == 800 and s["queues"]["busiest_port"] == "leaf1-eth2"
+    # where a queue sits while backlogged: the depth at the polls whose interval saw a backlog
+    assert s["queues"]["median_backlogged_depth_bytes"] == (300 + 700) / 2
+    assert s["queues"]["per_port"]["leaf1-eth1"]["backlogged_polls"] == 1
+    assert s["queues"]["per_port"]["leaf1-eth3"]["backlogged_polls"] == 0
     assert s["ecmp"]["imbalance"] == 3000 / 2000  # max / mean of the two uplinks
     j = (8 + 8 / 3) ** 2 / (2 * (64 + 64 / 9))
     assert s["fairness"]["jain_mean"] == pytest.approx(j)
@@ -96,6 +101,7 @@ def test_kpis_worked_by_hand(run_dir):
     json.dumps(s, default=kpis._plain)
     story = " ".join(kpis.narrative(s))
     assert "A step took 120us against an ideal of 100us (x1.20)" in story
+    assert "while backlogged it sat at a median of 500B" in story
     assert "5 packets were CE-marked" in story and "1 packets were dropped" in story
     assert "busiest uplink carried x1.50 the mean" not in story  # 1.5 is not worth a sentence
 
