@@ -294,9 +294,9 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
                      f"; DCTCP K > C x RTT / 7 = "
                      f"{units.format_size(ref.get('dctcp_k_bytes') or 0)}"))
         if q.get("median_backlogged_depth_bytes"):
-            rows.append(("Queue depth while backlogged, median (that port)",
-                         units.format_size(q["median_backlogged_depth_bytes"]),
-                         f"{q['per_port'][q['busiest_port']]['backlogged_polls']} backlogged polls"))
+            rows.append(("Queue depth while backlogged (median)", units.format_size(q["median_backlogged_depth_bytes"]),
+                         f"{q['busiest_port']}, {q['per_port'][q['busiest_port']]['backlogged_polls']} backlogged "
+                         f"polls"))
     m = s.get("ecmp", {})
     if m.get("imbalance") is not None:
         rows.append(("ECMP imbalance (max / mean uplink bytes)", f"{m['imbalance']:.2f}",
