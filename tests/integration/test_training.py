@@ -75,31 +75,19 @@ def write_scenario(tmp_path, **queues) -> str:
     return str(path)
 
 
-def write_incast(tmp_path, name: str, **queues) -> str:
-    """leaf-spine with one spine and one uplink per leaf, and a ring ordered so that exactly
-    two hops leave each leaf: every ring step is a deterministic 2:1 incast on both leaves'
-    uplinks (the other hops stay inside a leaf)."""
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": name, "topology": "leaf-spine", "traffic": "dp-ring",
-        "fabric": {"spines": 1, "uplinks": {"count": 1}},
-        "workload": {"iterations": 1, "mapping": ["h1", "h2", "h5", "h6", "h3", "h4", "h7", "h8"],
-                     "collective": {"bytes": "8MB"}},
-        "queues": {"buffer": "4MB", "pfc": "off", **queues}}))
-    return str(path)
-
-
 def test_ecn_and_dcqcn_hold_an_incast_queue_near_kmin(tmp_path, clean_slate):
-    """A 2:1 incast on both leaf uplinks (14 ring steps of 1 MB per flow), queues sampled
-    every 1 us (real). With ECN (Kmin 100 KB, Kmax 400 KB, pmax 0.2) and DCQCN: CE marks,
+    """The shipped `incast` scenario: a deterministic 2:1 incast on both leaf uplinks (one
+    spine, one uplink per leaf, a ring ordered so two hops leave each leaf; 14 ring steps of
+    1 MB per flow), queues sampled every 1 us (real). With ECN (Kmin 100 KB, Kmax 400 KB, pmax 0.2) and DCQCN: CE marks,
     CNPs, rate cuts, no loss, and while the uplink queue is backlogged it sits near Kmin.
     Without ECN the same incast's queue is an order of magnitude deeper."""
     kmin = 100_000
     runs = {}
-    for name, ecn in (("ecn", {"kmin": "100KB", "kmax": "400KB", "pmax": 0.2}), ("no-ecn", "off")):
+    for name, sets in (("ecn", []), ("no-ecn", ["queues.ecn=off"])):
         (tmp_path / name).mkdir()
-        result = run.run(scenario.load(write_incast(tmp_path, name, ecn=ecn)),
-                         run.RunOptions(results_dir=tmp_path / name, telemetry_interval_real_ns=1000))
+        sc = scenario.load("incast", sets)
+        assert (sc.queues.ecn.kmin_bytes if sc.queues.ecn else None) == (kmin if name == "ecn" else None)
+        result = run.run(sc, run.RunOptions(results_dir=tmp_path / name, telemetry_interval_real_ns=1000))
         assert result.status == "ok", result.reason
         runs[name] = (result, json.loads((result.run_dir / "training.json").read_text()),
                       json.loads((result.run_dir / "summary.json").read_text()))

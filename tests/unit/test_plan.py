@@ -9,7 +9,7 @@ from conftest import GOLDEN
 from testbed import plan, scenario
 from testbed.units import Dilation
 
-CASES = ["default", "leaf-spine", "rail-32", "topologies/tor-2x4.yaml", "topologies/leaf-spine-oversub.yaml"]
+CASES = ["default", "leaf-spine", "incast", "rail-32", "topologies/tor-2x4.yaml", "topologies/leaf-spine-oversub.yaml"]
 
 
 def build(ref, *overrides):
