@@ -324,7 +324,8 @@ def narrative(s: dict) -> list[str]:
     jct, ref = s.get("jct", {}), s.get("references", {})
     ideal = ref.get("ideal", {})
     if jct.get("iterations"):
-        out.append(f"{s['fabric']['gpus']} GPUs trained {len(jct['iterations'])} iterations. A step took "
+        n = len(jct["iterations"])
+        out.append(f"{s['fabric']['gpus']} GPUs trained {n} iteration{'' if n == 1 else 's'}. A step took "
                    f"{fmt_d(jct['mean_step_ns'])} against an ideal of {fmt_d(jct['ideal_step_ns'])} (x"
                    f"{jct['mean_ratio']:.2f}): {fmt_d(ideal.get('compute_ns', 0))} of compute, then the "
                    f"synchronisation, when every GPU sends at once.")

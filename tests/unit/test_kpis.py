@@ -100,7 +100,7 @@ def test_kpis_worked_by_hand(run_dir):
     assert s["references"]["dctcp_k_bytes"] == int(400e9 * rtt / 1e9 / 8 / 7)
     json.dumps(s, default=kpis._plain)
     story = " ".join(kpis.narrative(s))
-    assert "A step took 120us against an ideal of 100us (x1.20)" in story
+    assert "trained 1 iteration. A step took 120us against an ideal of 100us (x1.20)" in story
     assert "while backlogged it sat at a median of 500B" in story
     assert "5 packets were CE-marked" in story and "1 packets were dropped" in story
     assert "busiest uplink carried x1.50 the mean" not in story  # 1.5 is not worth a sentence
