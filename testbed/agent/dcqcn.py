@@ -4,24 +4,24 @@
 Algorithm: Zhu et al., "Congestion Control for Large-Scale RDMA Deployments", SIGCOMM 2015
 (rate cut Rc <- Rc (1 - alpha / 2) on a CNP, at most once per rate_reduce_monitor_period;
 alpha EWMA updated every dce_tcp_rtt, up if a CNP came in the period, else down; fast
-recovery / additive / hyper increase driven by a timer and a byte counter). Parameters: NVIDIA ConnectX
-firmware defaults as published for mlx5 (``/sys/class/net/*/ecn/roce_rp/*``, mlxconfig):
-rpg_time_reset 300 us, rpg_byte_reset 32767 (in 64-byte units: 2 MB), rpg_threshold 1,
-rpg_ai_rate 5 Mb/s, rpg_hai_rate 50 Mb/s, rpg_min_dec_fac 50 %, rpg_min_rate 1 Mb/s,
-rate_reduce_monitor_period 4 us, initial_alpha_value 1023 (= 1.0), dce_tcp_g 1019
-(alpha gain g = (1024 - 1019) / 1024), dce_tcp_rtt 1 us (alpha update period),
-clamp_tgt_rate 0, clamp_tgt_rate_after_time_inc 1; notification point:
-min_time_between_cnps 4 us.
+recovery / additive / hyper increase driven by a timer and a byte counter). Parameters:
+NVIDIA ConnectX firmware defaults as published for mlx5
+(``/sys/class/net/*/ecn/roce_rp/*``, mlxconfig): rpg_time_reset 300 us, rpg_byte_reset
+32767 (in 64-byte units: 2 MB), rpg_threshold 1, rpg_ai_rate 5 Mb/s, rpg_hai_rate 50 Mb/s,
+rpg_min_dec_fac 50 %, rpg_min_rate 1 Mb/s, rate_reduce_monitor_period 4 us,
+initial_alpha_value 1023 (= 1.0), dce_tcp_g 1019 (alpha gain g = (1024 - 1019) / 1024),
+dce_tcp_rtt 1 us (alpha update period), clamp_tgt_rate 0, clamp_tgt_rate_after_time_inc 1;
+notification point: min_time_between_cnps 4 us.
 
-Three readings that matter, as models of the firmware do (Google's isekai RoCE model; Spirent
-TestCenter's DCQCN profile, ByteReset 2 MB): the byte counter counts 64-byte units, so a
-rate-increase event every ~2 MB sent, not every 32 KB (at 400G a 32 KB counter returns a
-cut flow to its old rate in ~5 us, before the 4 us decrease period can act again: DCQCN
-then never holds a queue); and a cut sets the target rate to the current rate only if the
-rate has increased since the previous cut (clamp_tgt_rate 0, clamp_tgt_rate_after_time_inc
-1), so back-to-back cuts keep the rate the flow had before the congestion as its target;
-an increase event looks at the stage counters before counting itself, so with
-rpg_threshold 1 the first event after a cut is fast recovery.
+Three readings that matter, as models of the firmware do (Google's isekai RoCE model;
+Spirent TestCenter's DCQCN profile, ByteReset 2 MB): the byte counter counts 64-byte
+units, so a rate-increase event every ~2 MB sent, not every 32 KB (at 400G a 32 KB counter
+returns a cut flow to its old rate in ~5 us, before the 4 us decrease period can act
+again: DCQCN then never holds a queue); and a cut sets the target rate to the current rate
+only if the rate has increased since the previous cut (clamp_tgt_rate 0,
+clamp_tgt_rate_after_time_inc 1), so back-to-back cuts keep the rate the flow had before
+the congestion as its target; an increase event looks at the stage counters before
+counting itself, so with rpg_threshold 1 the first event after a cut is fast recovery.
 """
 
 from __future__ import annotations
