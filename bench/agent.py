@@ -29,7 +29,7 @@ def measure(seconds: float) -> dict:
     """In the namespace: each sender for ``seconds``; returns packets/s."""
     import socket
 
-    from testbed import roce
+    from testbed.wire import roce
 
     a, b = roce.Endpoint("02:00:00:00:00:01", "10.9.0.1"), roce.Endpoint("02:00:00:00:00:02", "10.9.0.2")
     payload = bytes(4096)

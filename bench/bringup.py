@@ -28,10 +28,12 @@ from mininet.log import setLogLevel  # noqa: E402
 from mininet.net import Mininet  # noqa: E402
 from mininet.node import OVSSwitch  # noqa: E402
 
-from testbed import capabilities, plan as planning, registry, scenario  # noqa: E402
-from testbed.egress import EgressQueues  # noqa: E402
-from testbed.fabric import MininetFabric, build_topo  # noqa: E402
-from testbed.process import Controller, free_tcp_port  # noqa: E402
+from testbed.apply import capabilities, registry
+from testbed.model import plan as planning
+from testbed.config import scenario
+from testbed.apply.queues import EgressQueues
+from testbed.apply.fabric import MininetFabric, build_topo
+from testbed.apply.process import Controller, free_tcp_port
 
 
 def time_testbed(p, datapath, work: Path) -> tuple[float, float]:

@@ -21,7 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import run, scenario, units  # noqa: E402
+from testbed import run
+from testbed.config import scenario
+from testbed import units
 
 UPLINKS = ("leaf1-eth5", "leaf2-eth5")
 

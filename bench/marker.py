@@ -26,10 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import bpfmap, queues  # noqa: E402
-from testbed.marker import Marker  # noqa: E402
-from testbed.probe import checksum  # noqa: E402
-from testbed.process import wait_for  # noqa: E402
+from testbed.apply import bpfmap
+from testbed.model import queues
+from testbed.apply.marker import Marker
+from testbed.apply.probe import checksum
+from testbed.apply.process import wait_for
 
 BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_SCHED_CLS = 3
@@ -153,7 +154,7 @@ def attach(netns: str, intf: str, pinned: str):
     with open(f"/run/netns/{netns}") as f:
         if libc.setns(f.fileno(), 0x40000000) != 0:  # CLONE_NEWNET
             raise OSError(ctypes.get_errno(), "setns")
-    from testbed.tc import PortTc
+    from testbed.apply.tc import PortTc
 
     with PortTc() as tc:
         tc.attach_marker(intf, bpfmap.obj_get(pinned))

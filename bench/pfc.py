@@ -28,8 +28,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import pfcd, queues, run, scenario  # noqa: E402
-from testbed.training import load_records  # noqa: E402
+from testbed.apply import pfc as pfcd
+from testbed.model import queues
+from testbed import run
+from testbed.config import scenario
+from testbed.apply.agents import load_records
 
 
 def congested(tmp: Path) -> Path:

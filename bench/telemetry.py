@@ -19,7 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import results, run, scenario, telemetry, units  # noqa: E402
+from testbed.analysis import results
+from testbed import run
+from testbed.config import scenario
+from testbed.controller import telemetry
+from testbed import units
 
 
 def one(tmp: Path, interval_real_ns: int) -> dict:

@@ -11,8 +11,8 @@ import logging
 import sys
 from pathlib import Path
 
-from . import scenario as scenarios
-from .errors import ConfigError, TestbedError
+from testbed.config import scenario as scenarios
+from testbed.errors import ConfigError, TestbedError
 
 LOG = logging.getLogger("testbed")
 
@@ -72,7 +72,7 @@ def _load(args):
 
 
 def _interval_ns(text: str) -> int:
-    from .units import parse_duration_ns
+    from testbed.units import parse_duration_ns
 
     try:
         ns = parse_duration_ns(text)
@@ -88,11 +88,12 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "show":
-            from . import plan, show
+            from testbed.model import plan
+            from testbed.views import show
 
             print(show.render(plan.build(_load(args)), tuple(args.paths) if args.paths else None))
         elif args.command == "run":
-            from . import run
+            from testbed import run
 
             sc = _load(args)
             opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold,
@@ -109,23 +110,23 @@ def main(argv=None) -> int:
                 return 143
             print(result.run_dir)
         elif args.command == "queues":
-            from . import queuestat
+            from testbed.views import queues as queuestat
 
             try:
                 return queuestat.main(args.run, args.watch, args.json)
             except KeyboardInterrupt:
                 return 0
         elif args.command == "report":
-            from . import kpis, report
+            from testbed.analysis import kpis, report
 
             summary, path = report.build(args.run_dir)
             print(kpis.terminal(summary, path))
         elif args.command == "compare":
-            from . import report
+            from testbed.analysis import report
 
             print(report.compare(args.run_dirs, args.html))
         elif args.command == "doctor":
-            from . import capabilities
+            from testbed.apply import capabilities
 
             items = capabilities.checks()
             width = max(len(c.name) for c in items)
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
                 print(line)
             return 0 if not any(c.required and c.ok is False for c in items) else 1
         elif args.command == "clean":
-            from . import registry
+            from testbed.apply import registry
 
             actions = registry.clean(dry_run=args.dry_run)
             for line in actions:

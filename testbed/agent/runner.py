@@ -27,10 +27,11 @@ import sys
 import time
 from collections import defaultdict, deque
 
-from .. import pfc, roce
-from ..units import Dilation
-from .dcqcn import Params, ReactionPoint
-from .transport import RecvQP, SendQP
+from testbed.model import pfc
+from testbed.wire import roce
+from testbed.units import Dilation
+from testbed.agent.dcqcn import Params, ReactionPoint
+from testbed.agent.transport import RecvQP, SendQP
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 TX_BUFFER_BYTES = 4 * 1024 * 1024

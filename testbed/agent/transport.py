@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .. import roce
+from testbed.wire import roce
 
 ACKREQ_EVERY = 8
 ACK_EVERY = 4

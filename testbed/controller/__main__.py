@@ -30,7 +30,7 @@ def main(argv=None):
                         format="%(asctime)s controller %(name)s %(levelname)s %(message)s")
     cfg.CONF(args=["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(args.port)],
              project="os_ken")
-    from . import app
+    from testbed.controller import app
 
     app.SETTINGS.update(plan=args.plan, events=args.events, telemetry=args.telemetry, interval_ns=args.interval_ns,
                         pins=args.pins)

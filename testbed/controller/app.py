@@ -23,8 +23,9 @@ from os_ken.ofproto import ofproto_v1_5
 
 from os_ken.lib import hub
 
-from .. import ofwire, routing, telemetry
-from ..collector import Collector
+from testbed.wire import openflow as ofwire
+from testbed.controller import routing, telemetry
+from testbed.controller.collector import Collector
 
 # Set by testbed.controller.__main__ before the app is instantiated.
 SETTINGS: dict = {}

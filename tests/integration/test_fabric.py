@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import capabilities, registry, run, scenario
+from testbed.apply import capabilities, registry
+from testbed import run
+from testbed.config import scenario
 from testbed.errors import RunError
-from testbed.process import Controller, free_tcp_port, wait_for
+from testbed.apply.process import Controller, free_tcp_port, wait_for
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent

@@ -7,9 +7,10 @@ import uuid
 
 import pytest
 
-from testbed import bpfmap, queues
-from testbed.marker import Marker
-from testbed.probe import checksum
+from testbed.apply import bpfmap
+from testbed.model import queues
+from testbed.apply.marker import Marker
+from testbed.apply.probe import checksum
 
 pytestmark = pytest.mark.integration
 TC_ACT_OK, TC_ACT_SHOT = 0, 2

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import results, run
+from testbed.analysis import results
+from testbed import run
 
 pytestmark = pytest.mark.integration
 ROOT = Path(run.ROOT)

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from testbed import queuestat, registry, results, run, scenario
-from testbed.process import wait_for
+from testbed.views import queues as queuestat
+from testbed.apply import registry
+from testbed.analysis import results
+from testbed import run
+from testbed.config import scenario
+from testbed.apply.process import wait_for
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent

@@ -8,9 +8,12 @@ import subprocess
 import pytest
 import yaml
 
-from testbed import kpis, plan as planning, results, run, scenario, schedule
-from testbed.process import wait_for
-from testbed.training import load_records
+from testbed.analysis import kpis, results
+from testbed.model import plan as planning, schedule
+from testbed import run
+from testbed.config import scenario
+from testbed.apply.process import wait_for
+from testbed.apply.agents import load_records
 
 pytestmark = pytest.mark.integration
 

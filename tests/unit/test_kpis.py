@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from testbed import fidelity, kpis, report, results
-from testbed.training import Progress
+from testbed.analysis import fidelity, kpis, report, results
+from testbed.apply.agents import Progress
 
 D = 1000  # dilation
 

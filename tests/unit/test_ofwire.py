@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from testbed import ofwire, routing
+from testbed.wire import openflow as ofwire
+from testbed.controller import routing
 
 FIELDS = ("ipv4_src", "ipv4_dst", "ip_proto", "udp_src", "udp_dst")
 # header | command ADD, type SELECT, group 1, bucket array 64 bytes, command_bucket_id ALL

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from testbed import pfc, plan, scenario
+from testbed.model import pfc, plan
+from testbed.config import scenario
 
 # dst 01:80:c2:00:00:01 | src | 0x8808 | opcode 0x0101 | vector 0x0008 (priority 3) |
 # quanta: p3 = 0xffff, others 0 | zero padding to 60 bytes
@@ -68,7 +69,7 @@ def test_hysteresis_pauses_refreshes_and_resumes():
 
 
 def test_queues_view_counts_pfc_events(tmp_path):
-    from testbed.queuestat import pfc_counts
+    from testbed.views.queues import pfc_counts
 
     events = tmp_path / "pfc.jsonl"
     lines = [{"event": "xoff_sent", "port": "leaf2-eth5"}, {"event": "paused", "port": "spine1-eth2"},

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from conftest import GOLDEN
-from testbed import plan, scenario
+from testbed.model import plan
+from testbed.config import scenario
 from testbed.units import Dilation
 
 CASES = ["default", "leaf-spine", "incast", "rail-32", "topologies/tor-2x4.yaml", "topologies/leaf-spine-oversub.yaml"]
@@ -106,7 +107,7 @@ def test_single_leaf_without_spines():
 
 
 def test_show_renders_real_and_emulated_units():
-    from testbed import show
+    from testbed.views import show
 
     text = show.render(build("default"))
     assert "400G /     8Mbit/s" in text

@@ -1,6 +1,6 @@
 import struct
 
-from testbed import probe
+from testbed.apply import probe
 
 
 def test_echo_request_golden_bytes():

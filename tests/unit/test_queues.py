@@ -4,7 +4,8 @@ import struct
 
 import pytest
 
-from testbed import plan, queues, scenario
+from testbed.model import plan, queues
+from testbed.config import scenario
 
 
 def ports(ref="default", *overrides):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from testbed import results
+from testbed.analysis import results
 from testbed import errors
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from testbed import roce
+from testbed.wire import roce
 
 A = roce.Endpoint("00:00:00:00:01:01", "10.0.1.1")
 B = roce.Endpoint("00:00:00:00:02:01", "10.0.2.1")

@@ -1,6 +1,8 @@
 """The controller's decisions, without a switch."""
 
-from testbed import plan, routing, scenario
+from testbed.model import plan
+from testbed.controller import routing
+from testbed.config import scenario
 
 
 def program(name, ref="leaf-spine", ports=()):

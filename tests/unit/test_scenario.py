@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import GOLDEN, ROOT
-from testbed import scenario
+from testbed.config import scenario
 from testbed.errors import ConfigError
 
 INVALID = sorted((GOLDEN / "invalid").glob("*.yaml"))

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from testbed import qdiscstat
+from testbed.apply import qdiscstat
 
 
 def test_request_golden_bytes():

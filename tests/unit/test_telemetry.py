@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from testbed import telemetry
+from testbed.controller import telemetry
 
 
 def test_poller_is_due_on_schedule_and_skips_missed_polls():

@@ -5,7 +5,9 @@ from collections import defaultdict
 
 import pytest
 
-from testbed import plan as planning, roce, scenario, schedule
+from testbed.model import plan as planning, schedule
+from testbed.wire import roce
+from testbed.config import scenario
 from testbed.agent.dcqcn import Params, ReactionPoint
 from testbed.agent.transport import RecvQP, SendQP, unwrap
 from testbed.errors import ConfigError

@@ -136,7 +136,7 @@ def checks() -> list[Check]:
                            if q["red"] else "missing (not needed: marking is done in BPF)", fix="", required=False))
     else:
         items.append(Check("qdiscs", None, "not tested (needs root)", "run doctor as root"))
-    from .marker import OBJECT
+    from testbed.apply.marker import OBJECT
 
     items.append(Check("marker object", OBJECT.exists(), str(OBJECT) if OBJECT.exists() else "not built",
                        INSTALL_FIX))

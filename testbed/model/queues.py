@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import asdict, dataclass
 
-from . import units
+from testbed import units
 
 # Every fabric and NVLink interface gets IP MTU 4200 (the usual RoCE setting: a 4096-byte
 # RoCE payload + BTH/UDP/IP headers + ICRC = 4140 bytes fits); MTU_BYTES is the largest
@@ -44,7 +44,7 @@ CFG_FORMAT = "=7Q"
 CFG_SIZE = struct.calcsize(CFG_FORMAT)
 STATE_FORMAT = "=12Q8x"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
-# struct pfc_counters (testbed_pfc, written by testbed.pfcd, read by the collector)
+# struct pfc_counters (testbed_pfc, written by testbed.apply.pfc, read by the collector)
 PFC_FORMAT = "=6Q"
 PFC_SIZE = struct.calcsize(PFC_FORMAT)
 PFC_FIELDS = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "paused_since_ns",

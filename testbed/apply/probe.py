@@ -1,6 +1,6 @@
 """Reachability probe, run inside a GPU host's namespace.
 
-``python -m testbed.probe --timeout 5 10.0.1.2 10.0.2.1 ...`` sends ICMP echo
+``python -m testbed.apply.probe --timeout 5 10.0.1.2 10.0.2.1 ...`` sends ICMP echo
 requests to every target (repeating every 200 ms until each has answered or the
 timeout passes) and prints one JSON object: target -> TTL of its reply (or null).
 The switches decrement TTL at every hop, so 64 - TTL is the number of switches
@@ -69,7 +69,7 @@ def probe(targets: list[str], timeout_s: float) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m testbed.probe")
+    parser = argparse.ArgumentParser(prog="python -m testbed.apply.probe")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to keep trying")
     parser.add_argument("targets", nargs="+")
     args = parser.parse_args(argv)

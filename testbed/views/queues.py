@@ -9,13 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from . import queues, registry
-from .bpfmap import BpfError, Map
-from .errors import RunError
-from .marker import PIN_ROOT
-from .process import read_events
-from .tc import PortTc
-from .units import format_duration, format_size
+from testbed.model import queues
+from testbed.apply import registry
+from testbed.apply.bpfmap import BpfError, Map
+from testbed.errors import RunError
+from testbed.apply.marker import PIN_ROOT
+from testbed.apply.process import read_events
+from testbed.apply.tc import PortTc
+from testbed.units import format_duration, format_size
 
 WATCH_PERIOD_S = 1.0
 

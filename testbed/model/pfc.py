@@ -17,7 +17,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from .plan import lookup
+from testbed.model.plan import lookup
 
 PFC_DST_MAC = bytes.fromhex("0180c2000001")
 ETH_TYPE_MAC_CONTROL = 0x8808

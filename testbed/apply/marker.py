@@ -14,14 +14,15 @@ import struct
 import subprocess
 from pathlib import Path
 
-from . import bpfmap, queues
-from .errors import RunError
-from .scenario import ROOT
+from testbed.apply import bpfmap
+from testbed.model import queues
+from testbed.errors import RunError
+from testbed.paths import MARKER_OBJECT
 
 LOG = logging.getLogger(__name__)
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "testbed"
-OBJECT = ROOT / "build" / "marker.o"
+OBJECT = MARKER_OBJECT
 CMD_TIMEOUT_S = 30
 EPOCH_SIZE = 8  # testbed_epoch: one u64
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import units
+from testbed import units
 
 ALGORITHMS = ("ring", "halving-doubling", "hierarchical", "all-to-all", "reduce-scatter", "all-gather")
 ALGORITHMS_LATER = ("tree",)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from . import queues
-from .marker import Marker
-from .tc import PortTc
+from testbed.model import queues
+from testbed.apply.marker import Marker
+from testbed.apply.tc import PortTc
 
 
 class EgressQueues:

@@ -15,8 +15,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from .errors import ConfigError, RunError
-from .process import wait_for
+from testbed.errors import ConfigError, RunError
+from testbed.apply.process import wait_for
 
 MAX_PACKETS = 25_000
 START_TIMEOUT_S = 10

@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import RunError
+from testbed.errors import RunError
+from testbed.paths import ROOT
 
 LOG = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -122,7 +123,7 @@ class Controller:
                 argv += ["--pins", str(self.pins)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=Path(__file__).resolve().parent.parent)
+                                         cwd=ROOT)
         if self.on_start:
             self.on_start(self.proc.pid)
         return self

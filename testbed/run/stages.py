@@ -24,14 +24,17 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__, capabilities, collector, plan as planning, registry, telemetry, units
-from .errors import RunError, TestbedError
-from .marker import PIN_ROOT
-from .process import Controller, free_tcp_port
-from .scenario import ROOT, Scenario
+from testbed import __version__, units
+from testbed.apply import capabilities, registry
+from testbed.controller import collector, telemetry
+from testbed.model import plan as planning
+from testbed.errors import RunError, TestbedError
+from testbed.apply.marker import PIN_ROOT
+from testbed.apply.process import Controller, free_tcp_port
+from testbed.config.scenario import Scenario
+from testbed.paths import RESULTS_DIR, ROOT
 
 LOG = logging.getLogger(__name__)
-RESULTS_DIR = ROOT / "results"
 CONTROLLER_LISTEN_TIMEOUT_S = 30
 FABRIC_READY_TIMEOUT_S = 60
 PROBE_TIMEOUT_S = 10
@@ -129,7 +132,7 @@ def check_reachability(fab, plan: planning.Plan) -> dict:
     for h in plan.hosts:
         targets = [o.addr for o in plan.hosts if o.name != h.name]
         procs[h.name] = fab.host(h.name).popen(
-            [sys.executable, "-m", "testbed.probe", "--timeout", str(PROBE_TIMEOUT_S), *targets],
+            [sys.executable, "-m", "testbed.apply.probe", "--timeout", str(PROBE_TIMEOUT_S), *targets],
             cwd=str(ROOT))
     by_addr = {h.addr: h for h in plan.hosts}
     failures, pairs = [], 0
@@ -158,7 +161,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
         raise RunError("run needs root (network namespaces, OVS): sudo python3 -m testbed run")
     datapath = capabilities.choose_datapath(options.datapath or scenario.datapath)
     plan = planning.build(scenario, datapath)
-    from .capture import Captures, parse_ports
+    from testbed.apply.capture import Captures, parse_ports
 
     pcap_ports = parse_ports(options.pcap, plan) if options.pcap else []
     netem = capabilities.qdisc_support().get("netem", False)
@@ -199,14 +202,14 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
                                                  stats_interval_ns=interval_ns, pins=PIN_ROOT / run_id))
             ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
             t0 = time.monotonic()
-            from .fabric import MininetFabric  # Mininet is imported only when a fabric is built
+            from testbed.apply.fabric import MininetFabric
 
             fab = stack.enter_context(MininetFabric(plan, run_id, datapath, port, record, work, link_delay=netem))
-            from .egress import EgressQueues  # pyroute2 and the BPF marker, only for a run
+            from testbed.apply.queues import EgressQueues
 
             egress = stack.enter_context(EgressQueues(plan, run_id, link_delay=netem))
             if any(pq.pfc for pq in egress.ports):
-                from .pfcd import PfcDaemon
+                from testbed.apply.pfc import PfcDaemon
 
                 pfcd = stack.enter_context(PfcDaemon(plan, egress, run_dir, record))
             # runs first when the stack unwinds: marks the start of teardown
@@ -216,7 +219,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
                                   "pins": str(egress.marker.dir), "classes": "data (TX queue 0, TBF) + control "
                                   "(DSCP 48, TX queue 1)",
                                   "pfc": "802.1Qbb frames from congested queues to their feeders (switch ports "
-                                         "and GPU NICs), testbed.pfcd" if pfcd else "off"}
+                                         "and GPU NICs), testbed.apply.pfc" if pfcd else "off"}
             ready = ctl.wait_fabric_ready(len(plan.switches), FABRIC_READY_TIMEOUT_S)
             timings["flows_installed"] = round(time.monotonic() - t0, 3)
             LOG.info("fabric up in %.1fs; controller programmed %d switches (%d flows, %d groups); "
@@ -287,7 +290,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
 
 def _train(fab, plan, workload, run_dir, record, ctl, timings, link_delay: bool, interval_ns: int) -> dict:
     """Run the workload on the GPU agents; writes training.json and returns its headline."""
-    from .training import Progress, Training, load_records, summarise
+    from testbed.apply.agents import Progress, Training, load_records, summarise
 
     t0 = time.monotonic()
     training = Training(fab, plan, workload, run_dir, record, link_delay=link_delay)
@@ -326,8 +329,8 @@ def _summarise(run_dir: Path):
     was interrupted: the summary then says incomplete, and why), and the terminal summary.
     A failure here is reported, never raised over the run's own outcome."""
     try:
-        from .kpis import terminal
-        from .report import build
+        from testbed.analysis.kpis import terminal
+        from testbed.analysis.report import build
 
         summary, report_path = build(run_dir)
         LOG.info("%s", terminal(summary, _relative(report_path)))

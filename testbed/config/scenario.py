@@ -18,13 +18,11 @@ from typing import Any
 
 import yaml
 
-from . import traffic as traffic_schema, units
-from .errors import ConfigError
+from testbed.config import workload as traffic_schema
+from testbed import units
+from testbed.errors import ConfigError
+from testbed.paths import ROOT, SCENARIO_DIR, TOPOLOGY_DIR, TRAFFIC_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIO_DIR = ROOT / "scenarios"
-TOPOLOGY_DIR = ROOT / "topologies"
-TRAFFIC_DIR = ROOT / "traffic"
 DEFAULT_SCENARIO = "default"
 
 KINDS = ("leaf-spine", "top-of-rack", "rail-optimised")

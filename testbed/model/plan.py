@@ -19,8 +19,9 @@ import ipaddress
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from . import queues, units
-from .scenario import Fabric, Scenario
+from testbed.model import queues
+from testbed import units
+from testbed.config.scenario import Fabric, Scenario
 
 FABRIC_NET = ipaddress.ip_network("10.0.0.0/16")
 

@@ -27,7 +27,9 @@ import json
 import math
 from pathlib import Path
 
-from . import fidelity, queues, schedule, units
+from testbed.analysis import fidelity
+from testbed.model import queues, schedule
+from testbed import units
 
 SCHEMA = "testbed-summary/1"
 DCTCP_K_DIVISOR = 7  # K > C x RTT / 7 (Alizadeh et al., DCTCP)

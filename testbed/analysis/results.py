@@ -54,8 +54,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import ConfigError
-from .process import read_events
+from testbed.errors import ConfigError
+from testbed.apply.process import read_events
 
 
 @dataclass

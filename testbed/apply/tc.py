@@ -17,8 +17,8 @@ import subprocess
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .errors import RunError
-from .qdiscstat import TBF_HANDLE, TBF_PARENT, QdiscReader
+from testbed.errors import RunError
+from testbed.apply.qdiscstat import TBF_HANDLE, TBF_PARENT, QdiscReader
 
 TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 TC_H_ROOT = 0xFFFFFFFF

@@ -21,8 +21,8 @@ same number of samples per real microsecond whatever the dilation.
 
 from __future__ import annotations
 
-from . import queues
-from .routing import COUNT_TABLE, ECN_CODEPOINTS
+from testbed.model import queues
+from testbed.controller.routing import COUNT_TABLE, ECN_CODEPOINTS
 
 DEFAULT_INTERVAL_REAL_NS = 10_000
 COUNTERS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors",

@@ -17,10 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import roce, schedule
-from .errors import RunError
-from .process import read_events, read_line, stderr_tail, stop_children
-from .scenario import ROOT
+from testbed.wire import roce
+from testbed.model import schedule
+from testbed.errors import RunError
+from testbed.apply.process import read_events, read_line, stderr_tail, stop_children
+from testbed.paths import ROOT
 
 READY_TIMEOUT_S = 120  # 8 agents importing Scapy at once take ~1 min under QEMU software emulation
 START_MARGIN_S = 0.5

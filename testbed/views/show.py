@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .errors import ConfigError
-from .plan import Plan
-from .units import format_duration, format_rate, format_size
+from testbed.errors import ConfigError
+from testbed.model.plan import Plan
+from testbed.units import format_duration, format_rate, format_size
 
 
 def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
@@ -60,7 +60,7 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
     out.append("egress queues on every switch port (TBF at the emulated port rate + eBPF WRED/ECN marker):")
     out.append(f"  scenario: buffer {format_size(q.buffer_bytes) if q.buffer_bytes else 'derived'}; "
                f"ECN {_ecn(q)}; PFC {_pfc(q)}")
-    from .queues import plan_queues
+    from testbed.model.queues import plan_queues
 
     kinds = {}
     for pq in plan_queues(plan):
@@ -111,8 +111,8 @@ def _pfc(q) -> str:
 def _workload(plan, wl) -> list:
     """Ranks on GPUs and what the schedule sends where: per step of the first data-parallel
     collective, and per iteration on the fabric vs on NVLink."""
-    from . import schedule
-    from .units import format_duration
+    from testbed.model import schedule
+    from testbed.units import format_duration
 
     lay = schedule.layout(wl, plan.hosts)
     ops, collectives = schedule.build_plan(wl, plan.hosts)

@@ -35,12 +35,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import pfc, queues
-from .bpfmap import Map
-from .errors import RunError
-from .process import read_events, read_line, stop_children
-from .tc import PAUSED_RATE_BPS, PortTc
-from .units import Dilation
+from testbed.model import pfc, queues
+from testbed.apply.bpfmap import Map
+from testbed.errors import RunError
+from testbed.apply.process import read_events, read_line, stop_children
+from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
+from testbed.units import Dilation
 
 POLL_S = 0.001
 
@@ -226,7 +226,7 @@ class PfcDaemon:
         path = self.run_dir / "work" / "pfcd.json"
         path.write_text(json.dumps(self.config()))
         with open(self.run_dir / "pfcd.log", "w") as log:  # the child keeps its own copy of the fd
-            self.proc = subprocess.Popen([sys.executable, "-m", "testbed.pfcd", str(path)], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-m", "testbed.apply.pfc", str(path)], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, text=True)
         self.record.add(processes=[self.proc.pid])
         try:

@@ -35,9 +35,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from . import roce
-from .errors import ConfigError
-from .traffic import Workload
+from testbed.wire import roce
+from testbed.errors import ConfigError
+from testbed.config.workload import Workload
 
 
 @dataclass(frozen=True)

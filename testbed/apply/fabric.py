@@ -21,9 +21,10 @@ from mininet.net import Mininet
 from mininet.node import OVSSwitch, RemoteController, Switch
 from mininet.topo import Topo
 
-from . import queues, registry
-from .errors import RunError
-from .plan import Plan
+from testbed.model import queues
+from testbed.apply import registry
+from testbed.errors import RunError
+from testbed.model.plan import Plan
 
 LOG = logging.getLogger(__name__)
 CMD_TIMEOUT_S = 30

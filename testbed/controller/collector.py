@@ -11,9 +11,11 @@ import socket
 import time
 from pathlib import Path
 
-from . import bpfmap, queues as queue_settings, telemetry
-from .marker import Counters
-from .qdiscstat import QdiscReader
+from testbed.apply import bpfmap
+from testbed.model import queues as queue_settings
+from testbed.controller import telemetry
+from testbed.apply.marker import Counters
+from testbed.apply.qdiscstat import QdiscReader
 
 FILES = ("ports", "ecn", "queues", "polls")
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")

@@ -15,7 +15,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from . import kpis, results, units
+from testbed.analysis import kpis, results
+from testbed import units
 
 MAX_TIMELINE_ITERATIONS = 3  # a per-GPU timeline of more would be unreadable (and heavy)
 MAX_QUEUE_PORTS = 6
