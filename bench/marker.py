@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from testbed.wire import bpfmaps
 from testbed.apply import bpfmap
 from testbed.model import queues
 from testbed.apply.marker import Marker
@@ -140,7 +141,7 @@ def forwarding(m: Marker, seconds: float, repeat: int):
                 results[mode]["udp"].append(iperf(a, b, seconds, udp=True))
                 if mode == "with":
                     sh(["tc", "-n", a, "qdisc", "del", "dev", "va", "clsact"])
-        counted = queues.marker_state(m.state.lookup(ifindex, lock=True))["packets"]
+        counted = bpfmaps.marker_state(m.state.lookup(ifindex, lock=True))["packets"]
     print(f"forwarding over a veth pair, medians of {repeat} alternated runs of {seconds}s "
           f"(marker saw {counted} packets):")
     for kind, unit, scale in (("tcp", "Gbit/s", 1e9), ("udp", "kpps (64 B)", 1e3)):

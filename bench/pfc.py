@@ -32,7 +32,7 @@ from testbed.apply import pfc as pfcd
 from testbed.model import queues
 from testbed import run
 from testbed.config import scenario
-from testbed.apply.agents import load_records
+from testbed.analysis.training import load_records
 
 
 def congested(tmp: Path) -> Path:

@@ -117,10 +117,11 @@ def main(argv=None) -> int:
             except KeyboardInterrupt:
                 return 0
         elif args.command == "report":
-            from testbed.analysis import kpis, report
+            from testbed.analysis import report
+            from testbed.views.summary import terminal
 
             summary, path = report.build(args.run_dir)
-            print(kpis.terminal(summary, path))
+            print(terminal(summary, path))
         elif args.command == "compare":
             from testbed.analysis import report
 

@@ -1,6 +1,6 @@
 """One emulated GPU: runs its schedule with RoCEv2 on the wire, in its host's namespace.
 
-Started by the run (``python -m testbed.agent CONFIG``); prints ``ready`` once its
+Started by the run (``python -m testbed.agent PLAN_JSON GPU RECORDS``); prints ``ready`` once its
 sockets are open, reads the shared start time (CLOCK_MONOTONIC ns, one clock for all
 namespaces) from stdin, then executes its ops: compute as dilated timers, sends as
 paced RoCE packets on a raw AF_PACKET socket per NIC (templates from ``testbed.roce``),
@@ -27,10 +27,11 @@ import sys
 import time
 from collections import defaultdict, deque
 
-from testbed.model import pfc
+from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params, ReactionPoint
+from testbed.agent.config import from_plan
 from testbed.agent.transport import RecvQP, SendQP
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
@@ -387,10 +388,9 @@ class Agent:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        cfg = json.load(f)
-    agent = Agent(cfg)
+    plan_path, gpu, records = sys.argv[1:] if argv is None else argv
+    with open(plan_path) as f:
+        agent = Agent(from_plan(json.load(f), gpu, records))
     print("ready", flush=True)
     line = sys.stdin.readline()
     if not line.strip():

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from testbed.analysis import fidelity
 from testbed.model import queues, schedule
-from testbed import units
 
 SCHEMA = "testbed-summary/1"
 DCTCP_K_DIVISOR = 7  # K > C x RTT / 7 (Alizadeh et al., DCTCP)
@@ -60,14 +59,16 @@ def summary(r) -> dict:
 
 def _completeness(r, out) -> tuple[bool, str]:
     m = r.manifest
-    if m.get("status") != "ok":
-        return False, f"run {m.get('status')}: {m.get('reason') or 'no reason recorded'}"
     its = out["jct"]["iterations"]
     want = (m.get("workload") or {}).get("iterations")
+    if m.get("status") != "ok":
+        done = f"; cut short: {len(its)} of {want} iterations finished" if want else ""
+        return False, f"run {m.get('status')}: {m.get('reason') or 'no reason recorded'}{done}"
     if want and len(its) < want:
         return False, f"{len(its)} of {want} iterations completed"
-    if any(not it.get("complete", True) for it in its):
-        return False, "an iteration did not complete on every GPU"
+    cut = out["jct"].get("incomplete_iterations")
+    if cut:
+        return False, f"iteration {', '.join(str(i + 1) for i in cut)} did not finish on every GPU"
     return True, ""
 
 
@@ -81,7 +82,7 @@ def _fabric(r) -> dict:
 
 def _jct(r) -> dict:
     its = r.iterations.to_dict("records") if not r.iterations.empty else []
-    out = {"iterations": its}
+    out = {"iterations": its, "incomplete_iterations": r.extra.get("incomplete_iterations", [])}
     if its:
         out["mean_step_ns"] = sum(i["step_ns"] for i in its) / len(its)
         out["mean_ratio"] = sum(i["ratio"] for i in its) / len(its)
@@ -252,128 +253,6 @@ def _references(r) -> dict:
     return out
 
 
-def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
-    """(KPI, measured, reference) rows of a summary, formatted in real units."""
-    rows = []
-    jct = s.get("jct", {})
-    if jct.get("iterations"):
-        rows.append(("JCT (mean step time)", units.format_duration(jct["mean_step_ns"]),
-                     f"ideal {units.format_duration(jct['ideal_step_ns'])}"))
-        rows.append(("JCT ratio (measured / ideal)", f"{jct['mean_ratio']:.3f}", "1.000 = the analytical ideal"))
-    for phase, c in s.get("collectives", {}).items():
-        if phase == "items":
-            continue
-        rows.append((f"{phase} collectives: time / ideal", f"mean {c['mean_ratio']:.3f}, max {c['max_ratio']:.3f}",
-                     f"{c['count']} collectives"))
-        if c.get("mean_busbw_bps"):
-            line = max(s.get("fabric", {}).get("link_rates_bps") or [0])
-            rows.append((f"{phase} bus bandwidth (busbw)", units.format_rate(c["mean_busbw_bps"]),
-                         f"link {units.format_rate(line)}" if line else ""))
-    e = s.get("ecn", {})
-    if "marking_ratio" in e:
-        rows.append(("ECN marking ratio", f"{e['marking_ratio']:.3g}",
-                     f"{e['marked_packets']} of {e['ect_packets']} ECT packets marked CE"))
-    d = s.get("drops", {})
-    if d:
-        rows.append(("Drops", f"{d['packets']} ({d['ppm']:.1f} ppm)", f"of {d['offered_packets']} packets"))
-    p = s.get("pfc", {})
-    if p.get("enabled"):
-        rows.append(("PFC pause frames (XOFF)", f"{p['pause_frames']} ({p['xoff_frames']})",
-                     f"{len(p['paused_ports'])} ports paused"))
-        rows.append(("PFC paused time (real, all ports)", units.format_duration(p["paused_real_ns"]), ""))
-        ref = s.get("references", {})
-        rows.append(("PFC headroom high-water", units.format_size(p["headroom_high_water_bytes"]),
-                     f"headroom {units.format_size(ref.get('pfc_headroom_configured_bytes') or 0)} "
-                     f"(formula {units.format_size(ref.get('pfc_headroom_formula_bytes') or 0)})"))
-    else:
-        rows.append(("PFC", "off", ""))
-    q = s.get("queues", {})
-    if q:
-        ref = s.get("references", {})
-        rows.append(("Queue depth p95 / max (worst port)",
-                     f"{units.format_size(q['p95_depth_bytes'])} / {units.format_size(q['max_depth_bytes'])}",
-                     f"Kmin {units.format_size(ref['kmin_bytes']) if ref.get('kmin_bytes') is not None else 'off (ECN off)'}"
-                     f"; DCTCP K > C x RTT / 7 = "
-                     f"{units.format_size(ref.get('dctcp_k_bytes') or 0)}"))
-        if q.get("median_backlogged_depth_bytes"):
-            rows.append(("Queue depth while backlogged (median)", units.format_size(q["median_backlogged_depth_bytes"]),
-                         f"{q['busiest_port']}, {q['per_port'][q['busiest_port']]['backlogged_polls']} backlogged "
-                         f"polls"))
-    m = s.get("ecmp", {})
-    if m.get("imbalance") is not None:
-        rows.append(("ECMP imbalance (max / mean uplink bytes)", f"{m['imbalance']:.2f}",
-                     f"1.00 = even; {len(m['per_leaf'])} leaves x {len(next(iter(m['per_leaf'].values()))['bytes'])}"
-                     f" uplinks"))
-    f = s.get("fairness", {})
-    if f:
-        rows.append(("Jain fairness of concurrent flows", f"mean {f['jain_mean']:.3f}, min {f['jain_min']:.3f}",
-                     "1.000 = equal shares"))
-    t = s.get("transport", {})
-    if t:
-        rows.append(("Retransmitted packets / timeouts / NAKs",
-                     f"{t.get('retransmitted', 0)} / {t.get('timeouts', 0)} / {t.get('naks_sent', 0)}",
-                     f"of {t.get('packets_sent', 0)} sent"))
-        rows.append(("CNPs sent / DCQCN rate cuts", f"{t.get('cnps_sent', 0)} / {t.get('dcqcn_cuts', 0)}", ""))
-    return rows
-
-
-
-
-def narrative(s: dict) -> list[str]:
-    """What happened, in a few sentences a newcomer can follow (the numbers are the KPIs')."""
-    out = []
-    fmt_d, fmt_s, fmt_r = units.format_duration, units.format_size, units.format_rate
-    jct, ref = s.get("jct", {}), s.get("references", {})
-    ideal = ref.get("ideal", {})
-    if jct.get("iterations"):
-        n = len(jct["iterations"])
-        out.append(f"{s['fabric']['gpus']} GPUs trained {n} iteration{'' if n == 1 else 's'}. A step took "
-                   f"{fmt_d(jct['mean_step_ns'])} against an ideal of {fmt_d(jct['ideal_step_ns'])} (x"
-                   f"{jct['mean_ratio']:.2f}): {fmt_d(ideal.get('compute_ns', 0))} of compute, then the "
-                   f"synchronisation, when every GPU sends at once.")
-    dp = s.get("collectives", {}).get("dp")
-    line = max(s.get("fabric", {}).get("link_rates_bps") or [0])
-    if dp and line:
-        out.append(f"The data-parallel collectives ran at {fmt_r(dp['mean_busbw_bps'])} of bus bandwidth, "
-                   f"{dp['mean_busbw_bps'] / line:.0%} of the {fmt_r(line)} links (x{dp['mean_ratio']:.2f} their "
-                   f"ideal time).")
-    q, e, d, p, t = (s.get(k, {}) for k in ("queues", "ecn", "drops", "pfc", "transport"))
-    kmin = ref.get("kmin_bytes")
-    ecn_on = kmin is not None
-    if q:
-        quiet = (not e.get("marked_packets") and not d.get("packets") and not p.get("pause_frames")
-                 and (not ecn_on or q["max_depth_bytes"] <= kmin))
-        if not ecn_on:
-            out.append(f"ECN is off: queues reached {fmt_s(q['max_depth_bytes'])} on {q['busiest_port']} and nothing "
-                       f"told the senders to slow down" + (f"; PFC sent {p['pause_frames']} pause frames"
-                                                         if p.get("pause_frames") else "") +
-                       (f"; {d['packets']} packets were dropped" if d.get("packets") else "") + ".")
-        elif quiet:
-            out.append(f"No queue grew past Kmin ({fmt_s(kmin)}; deepest {fmt_s(q['max_depth_bytes'])}): no ECN "
-                       f"marks, no drops, no PFC pauses. The burst fits this fabric with this rank mapping; a "
-                       f"mapping whose ring crosses the spines congests it (on the default scenario: --set "
-                       f"workload.mapping=sequential, then testbed compare the two runs).")
-        else:
-            parts = [f"Queues reached {fmt_s(q['max_depth_bytes'])} on {q['busiest_port']} (Kmin {fmt_s(kmin)}, "
-                     f"p95 {fmt_s(q['p95_depth_bytes'])}; while backlogged it sat at a median of "
-                     f"{fmt_s(q.get('median_backlogged_depth_bytes', 0))})"]
-            if e.get("marked_packets"):
-                parts.append(f"{e['marked_packets']} packets were CE-marked, the receivers answered with "
-                             f"{t.get('cnps_sent', 0)} CNPs and DCQCN cut sender rates {t.get('dcqcn_cuts', 0)} "
-                             f"times")
-            if p.get("pause_frames"):
-                parts.append(f"{p['pause_frames']} PFC pause frames stopped upstream ports for "
-                             f"{fmt_d(p['paused_real_ns'])} in all")
-            if d.get("packets"):
-                parts.append(f"{d['packets']} packets were dropped and {t.get('retransmitted', 0)} retransmitted")
-            out.append("; ".join(parts) + ".")
-    m = s.get("ecmp", {})
-    if m.get("imbalance") and m["imbalance"] > 1.5:
-        out.append(f"ECMP hashes whole flows onto uplinks: with a few large flows (one queue pair per ring "
-                   f"neighbour) a leaf's busiest uplink carried x{m['imbalance']:.2f} the mean.")
-    return out
-
-
 def _plain(v):
     if hasattr(v, "item"):  # numpy scalars
         return v.item()
@@ -382,22 +261,3 @@ def _plain(v):
 
 def write(s: dict, path: Path):
     path.write_text(json.dumps(s, indent=1, default=_plain) + "\n")
-
-
-def terminal(s: dict, report_path=None) -> str:
-    """The end-of-run summary for the terminal: headline, KPI table, fidelity verdict."""
-    run = s["run"]
-    lines = [f"== {run['run_id']}: {run['status']}" + (f" ({run['reason']})" if run.get("reason") else "")]
-    if not run.get("complete", True):
-        lines.append(f"   INCOMPLETE: {run['incomplete_because']} (data collected so far is kept)")
-    rows = kpi_rows(s)
-    width = max((len(k) for k, _, _ in rows), default=10)
-    vwidth = max((len(v) for _, v, _ in rows), default=10)
-    for k, v, ref in rows:
-        lines.append(f"   {k:<{width}}  {v:<{vwidth}}  {ref}")
-    lines.append("   what happened:")
-    lines += [f"   - {sentence}" for sentence in narrative(s)]
-    lines.append(f"   fidelity: {s['fidelity']['text']}")
-    if report_path:
-        lines.append(f"   report: {report_path}")
-    return "\n".join(lines)

@@ -17,6 +17,7 @@ from plotly.offline import get_plotlyjs
 
 from testbed.analysis import kpis, results
 from testbed import units
+from testbed.views import summary as summary_text
 
 MAX_TIMELINE_ITERATIONS = 3  # a per-GPU timeline of more would be unreadable (and heavy)
 MAX_QUEUE_PORTS = 6
@@ -255,10 +256,10 @@ def render(r, s: dict) -> str:
     if not run.get("complete", True):
         body.append(f"<p class='verdict bad'>INCOMPLETE: {html.escape(run.get('incomplete_because', ''))}. "
                     f"Everything collected until then is shown.</p>")
-    body += ["<h2>What happened</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in kpis.narrative(s))
+    body += ["<h2>What happened</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in summary_text.narrative(s))
              + "</ul>", "<h2>Can these numbers be trusted? (fidelity guard)</h2>", _fidelity_html(s.get("fidelity", {})),
              "<h2>KPIs</h2>", "<p class='how'>Measured values beside their analytical references, in real-fabric "
-             "units.</p>", _table(kpis.kpi_rows(s), ["KPI", "measured", "reference"])]
+             "units.</p>", _table(summary_text.kpi_rows(s), ["KPI", "measured", "reference"])]
     for key, heading, how, make in SECTIONS:
         fig = (counters_fig(r, s) if key == "counters" else collectives_fig(s) if key == "collectives"
                else make(r))
@@ -284,7 +285,7 @@ def compare_rows(summaries: list[dict]) -> tuple[list[str], list[list[str]]]:
     for s in summaries:
         rows = {"scenario": s["run"].get("scenario", ""), "dilation": f"{s['run'].get('dilation')}",
                 "fidelity": s.get("fidelity", {}).get("verdict", "")}
-        rows.update({k: v for k, v, _ in kpis.kpi_rows(s)})
+        rows.update({k: v for k, v, _ in summary_text.kpi_rows(s)})
         per_run.append(rows)
         for k in rows:
             if k not in names:

@@ -54,8 +54,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.analysis.training import summarise
 from testbed.errors import ConfigError
-from testbed.apply.process import read_events
+from testbed.jsonlines import read_events
 
 
 @dataclass
@@ -130,7 +131,6 @@ def load(run_dir) -> Results:
     pauses = timed([{**r, "event": r["type"]} for r in by_type.get("paused", []) + by_type.get("resumed", [])])
     if not pauses.empty:
         pauses = pauses.sort_values("t_ns").reset_index(drop=True)
-    summary = json.loads((run_dir / "training.json").read_text()) if (run_dir / "training.json").exists() else {}
     pfc_rows = read_events(run_dir / "pfc.jsonl")
     pfc_events = timed([r for r in pfc_rows if r.get("event") != "port"], drop=())
     pfc_ports = pd.DataFrame([r for r in pfc_rows if r.get("event") == "port"])
@@ -138,6 +138,7 @@ def load(run_dir) -> Results:
         pfc_ports = pfc_ports.drop(columns=["event"])
     plan_path = run_dir / "plan.json"
     plan = json.loads(plan_path.read_text()) if plan_path.exists() else {}
+    summary = summarise(agent_rows, plan["training"], d) if plan.get("training") else {}
     ports = _ports(run_dir, d, t0, plan)
     return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, nics=nics, rates=rates, pauses=pauses, ports=ports,
                    queues=_queues(run_dir, d, t0, plan), ecn=_ecn(run_dir, d, t0, plan),
@@ -145,7 +146,9 @@ def load(run_dir) -> Results:
                    iterations=pd.DataFrame(summary.get("iterations", [])),
                    collectives=pd.DataFrame(summary.get("collectives", [])), pfc_events=pfc_events,
                    pfc_ports=pfc_ports, extra={"transport": summary.get("transport", {}),
-                                               "ideal": summary.get("ideal", {})})
+                                               "ideal": summary.get("ideal", {}),
+                                               "incomplete_iterations": summary.get("incomplete_iterations", []),
+                                               "incomplete_collectives": summary.get("incomplete_collectives", 0)})
 
 
 def _with_real_time(df: pd.DataFrame, dilation: float, t0) -> pd.DataFrame:

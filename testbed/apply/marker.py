@@ -14,6 +14,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+from testbed.wire import bpfmaps
 from testbed.apply import bpfmap
 from testbed.model import queues
 from testbed.errors import RunError
@@ -56,7 +57,7 @@ class Marker:
                             "pinmaps", str(self.dir)], check=True, capture_output=True, text=True,
                            timeout=CMD_TIMEOUT_S)
             self.prog_fd = bpfmap.obj_get(str(self.dir / "marker"))
-            self.cfg = bpfmap.Map(str(self.dir / "testbed_cfg"), queues.CFG_SIZE)
+            self.cfg = bpfmap.Map(str(self.dir / "testbed_cfg"), bpfmaps.CFG_SIZE)
             self.counters = Counters(self.dir)
             self.state = self.counters.state
         except subprocess.CalledProcessError as exc:
@@ -80,7 +81,7 @@ class Marker:
     def configure(self, ifindex: int, pq: queues.PortQueue):
         """(Re)configure a port: its counters start from zero."""
         self.state.delete(ifindex)
-        self.cfg.update(ifindex, queues.marker_cfg(pq))
+        self.cfg.update(ifindex, bpfmaps.marker_cfg(pq))
 
     def read(self, ports) -> dict[int, dict]:
         return self.counters.read(ports)
@@ -92,7 +93,7 @@ class Counters:
     ``max_depth_bytes`` as the maximum since its previous read."""
 
     def __init__(self, pins: Path):
-        self.state = bpfmap.Map(str(pins / "testbed_state"), queues.STATE_SIZE)
+        self.state = bpfmap.Map(str(pins / "testbed_state"), bpfmaps.STATE_SIZE)
         try:
             self.epoch_map = bpfmap.Map(str(pins / "testbed_epoch"), EPOCH_SIZE)
         except BaseException:
@@ -117,7 +118,7 @@ class Counters:
             if raw is None:
                 out[ifindex] = None
                 continue
-            s = queues.marker_state(raw)
+            s = bpfmaps.marker_state(raw)
             # if a packet already opened the new epoch, the finished epoch's max is prev_max
             s["max_depth_bytes"] = (s["prev_max_depth_bytes"] if s["epoch"] == self.epoch
                                     else max(s["max_depth_bytes"], s["depth_bytes"]))

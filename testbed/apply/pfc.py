@@ -1,12 +1,13 @@
 """The switches' PFC: real 802.1Qbb frames between switch ports, pausing the data class.
 
 One process per run in the root namespace (where every switch port lives), started by
-``PfcDaemon``. Every ``POLL_S`` it reads each switch port's shadow queue (the marker's
+``PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
+PFC pauses) and the run's BPF pin folder. Every ``POLL_S`` it reads each switch port's shadow queue (the marker's
 map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it. Ingress accounting is
 approximated per egress queue: when an egress queue passes XOFF, the switch sends a PFC
 frame (priority 3, quanta 0xFFFF, refreshed before they run out) out of every port that
 feeds that queue (``pfc.feeders``: the ingress ports whose routed traffic can leave by
-it), so the upstream neighbours stop sending the data class on those links; a feeder
+it, planned in ``testbed.model.pfc``), so the upstream neighbours stop sending the data class on those links; a feeder
 port is resumed (quanta 0) once no congested queue needs it paused. A paused neighbour
 may be a GPU (its agent stops sending data) or another switch port, which then fills
 and pauses its own feeders: pause spreads hop by hop.
@@ -29,30 +30,31 @@ import json
 import select
 import socket
 import struct
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.model import pfc, queues
 from testbed.apply.bpfmap import Map
-from testbed.errors import RunError
-from testbed.apply.process import read_events, read_line, stop_children
+from testbed.jsonlines import read_events
+from testbed.apply.process import Child
 from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
+from testbed.errors import RunError
+from testbed.model.pfc import Hysteresis
 from testbed.units import Dilation
+from testbed.wire import bpfmaps, pfc
 
 POLL_S = 0.001
 
 
 @dataclass
 class Port:
-    pq: dict  # queues.PortQueue as a dict (from plan.json)
+    pq: dict  # model.queues.PortQueue as a dict (from plan.json)
     ifindex: int
     mac: str
     sock: socket.socket
     feeders: tuple  # interface names on the same switch
-    hyst: pfc.Hysteresis | None
+    hyst: Hysteresis | None
     paused_until_ns: int = 0  # our data class is paused by the neighbour until then
     paused_since_ns: int | None = None
     paused_total_ns: int = 0
@@ -64,29 +66,28 @@ class Port:
 
 
 class Pfcd:
-    def __init__(self, cfg: dict):
-        self.cfg = cfg
-        self.d = Dilation(cfg["dilation"])
-        self.out = open(cfg["events"], "a", buffering=1)
+    def __init__(self, plan: dict, pins: str, events: str):
+        self.d = Dilation(plan["dilation"])
+        self.out = open(events, "a", buffering=1)
         self.tc = PortTc()
-        self.cfg_map = Map(cfg["pins"] + "/testbed_cfg", queues.CFG_SIZE)
-        self.state_map = Map(cfg["pins"] + "/testbed_state", queues.STATE_SIZE)
-        self.pfc_map = Map(cfg["pins"] + "/testbed_pfc", queues.PFC_SIZE)  # our counters, for the collector
+        self.cfg_map = Map(pins + "/testbed_cfg", bpfmaps.CFG_SIZE)
+        self.state_map = Map(pins + "/testbed_state", bpfmaps.STATE_SIZE)
+        self.pfc_map = Map(pins + "/testbed_pfc", bpfmaps.PFC_SIZE)  # our counters, for the collector
         self.ports: dict[str, Port] = {}
-        for entry in cfg["ports"]:
-            pq = entry["queue"]
-            sock = pfc.open_socket(pq["intf"])
+        for pq in plan["queues"]:
+            intf = pq["intf"]
+            mac = Path(f"/sys/class/net/{intf}/address").read_text().strip()
             pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
-            hyst = pfc.Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
-            self.ports[pq["intf"]] = Port(pq=pq, ifindex=entry["ifindex"], mac=entry["mac"], sock=sock,
-                                          feeders=tuple(entry["feeders"]), hyst=hyst)
+            hyst = Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
+            self.ports[intf] = Port(pq=pq, ifindex=socket.if_nametoindex(intf), mac=mac, sock=pfc.open_socket(intf),
+                                    feeders=tuple(pq["feeders"]), hyst=hyst)
 
     def record(self, **fields):
         self.out.write(json.dumps(fields) + "\n")
 
     def publish(self, port: Port):
         """A port's counters into the run's testbed_pfc map, where the collector reads them."""
-        self.pfc_map.update(port.ifindex, queues.pack_pfc_counters(
+        self.pfc_map.update(port.ifindex, bpfmaps.pack_pfc_counters(
             frames_sent=port.frames_sent, xoff_sent=port.xoff_sent, frames_received=port.frames_received,
             paused_ns=port.paused_total_ns, paused_since_ns=port.paused_since_ns or 0,
             headroom_high_water_bytes=port.headroom_high_water_bytes))
@@ -108,9 +109,9 @@ class Pfcd:
             raw = self.state_map.lookup(port.ifindex, lock=True)
             if raw is None:
                 continue
-            state = queues.marker_state(raw)
+            state = bpfmaps.marker_state(raw)
             rate = 0.0 if port.paused_since_ns is not None else port.pq["emulated_rate_bps"]
-            depth = queues.shadow_depth_now(state, rate, now)
+            depth = bpfmaps.shadow_depth_now(state, rate, now)
             if depth - port.pq["xoff_bytes"] > port.headroom_high_water_bytes:
                 port.headroom_high_water_bytes = depth - port.pq["xoff_bytes"]
                 self.publish(port)
@@ -136,9 +137,9 @@ class Pfcd:
         self.tc.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
         raw = self.cfg_map.lookup(port.ifindex)
         if raw is not None:  # flip only "paused" (the run wrote the rest)
-            fields = list(struct.unpack(queues.CFG_FORMAT, raw))
+            fields = list(struct.unpack(bpfmaps.CFG_FORMAT, raw))
             fields[-1] = int(paused)
-            self.cfg_map.update(port.ifindex, struct.pack(queues.CFG_FORMAT, *fields))
+            self.cfg_map.update(port.ifindex, struct.pack(bpfmaps.CFG_FORMAT, *fields))
         if paused:
             port.paused_since_ns = now
         else:
@@ -192,7 +193,7 @@ class Pfcd:
         for port in self.ports.values():
             paused = port.paused_total_ns + (now - port.paused_since_ns if port.paused_since_ns else 0)
             raw = self.state_map.lookup(port.ifindex, lock=True)
-            drops = queues.marker_state(raw)["drops"] if raw else 0
+            drops = bpfmaps.marker_state(raw)["drops"] if raw else 0
             self.record(event="port", port=port.pq["intf"], frames_sent=port.frames_sent,
                         xoff_sent=port.xoff_sent, frames_received=port.frames_received, paused_ns=paused,
                         paused_real_ns=self.d.real_duration_ns(paused),
@@ -207,47 +208,30 @@ class PfcDaemon:
     READY_TIMEOUT_S = 30
     EXIT_TIMEOUT_S = 10
 
-    def __init__(self, plan, egress, run_dir, record):
-        self.plan, self.egress, self.run_dir, self.record = plan, egress, run_dir, record
-        self.proc = None
+    def __init__(self, plan_path: Path, pins: Path, run_dir: Path, record):
+        self.run_dir, self.record = run_dir, record
         self.events = run_dir / "pfc.jsonl"
-
-    def config(self) -> dict:
-        ports = []
-        for pq in self.egress.ports:
-            mac = Path(f"/sys/class/net/{pq.intf}/address").read_text().strip()
-            feeders = [f"{pq.switch}-eth{p}" for p in pfc.feeders(self.plan, pq.switch, pq.port)] if pq.pfc else []
-            ports.append({"queue": pq.to_dict(), "ifindex": self.egress.tc.ifindex(pq.intf), "mac": mac,
-                          "feeders": feeders})
-        return {"dilation": self.plan.dilation.factor, "pins": str(self.egress.marker.dir),
-                "events": str(self.events), "ports": ports}
+        self.child = Child("the PFC process", [sys.executable, "-m", "testbed.apply.pfc", str(plan_path), str(pins),
+                                               str(self.events)], log=run_dir / "pfcd.log")
 
     def __enter__(self):
-        path = self.run_dir / "work" / "pfcd.json"
-        path.write_text(json.dumps(self.config()))
-        with open(self.run_dir / "pfcd.log", "w") as log:  # the child keeps its own copy of the fd
-            self.proc = subprocess.Popen([sys.executable, "-m", "testbed.apply.pfc", str(path)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, text=True)
-        self.record.add(processes=[self.proc.pid])
+        self.child.start()
+        self.record.add(processes=[self.child.pid])
         try:
-            line = read_line(self.proc, time.monotonic() + self.READY_TIMEOUT_S, "the PFC process to start")
-            if line.strip() != "ready":
-                raise RunError(f"the PFC process did not start (see {self.run_dir / 'pfcd.log'})")
+            self.child.expect("ready", time.monotonic() + self.READY_TIMEOUT_S, "the PFC process to start")
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
     def check_alive(self):
-        if self.proc.poll() is not None:
-            raise RunError(f"the PFC process exited with code {self.proc.returncode} "
+        if not self.child.alive():
+            raise RunError(f"the PFC process exited with code {self.child.proc.returncode} "
                            f"(see {self.run_dir / 'pfcd.log'})")
 
     def __exit__(self, *exc):
-        if self.proc is None:
-            return False
-        proc, self.proc = self.proc, None
-        stop_children({"the PFC process": proc}, self.EXIT_TIMEOUT_S)
+        self.child.close_stdin()
+        self.child.end(self.EXIT_TIMEOUT_S)
         return False
 
     def totals(self) -> dict:
@@ -261,10 +245,9 @@ class PfcDaemon:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        cfg = json.load(f)
-    daemon = Pfcd(cfg)
+    plan_path, pins, events = sys.argv[1:] if argv is None else argv
+    with open(plan_path) as f:
+        daemon = Pfcd(json.load(f), pins, events)
     print("ready", flush=True)
     try:
         daemon.run(sys.stdin)

@@ -1,14 +1,21 @@
-"""The controller process, owned by a context manager, and condition waits with deadlines."""
+"""The run's child processes (controller, PFC process, GPU agents) through one helper, and
+condition waits with deadlines.
+
+A ``Child`` is started from an argv (its configuration is a file named on the command
+line), may print a ready line, may be handed a start line on stdin, and is stopped by
+closing its stdin (its signal to finish), then by PID at a deadline. It is started with
+a parent-death signal (SIGTERM when the run's process dies, even by SIGKILL), so no child
+outlives the run.
+"""
 
 from __future__ import annotations
 
-import json
+import ctypes
 import logging
 import select
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +24,7 @@ from testbed.paths import ROOT
 
 LOG = logging.getLogger(__name__)
 POLL_S = 0.05
-STOP_GRACE_S = 5.0
+PR_SET_PDEATHSIG = 1
 
 
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = POLL_S):
@@ -33,47 +40,103 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = POLL_S):
         time.sleep(poll_s)
 
 
-def read_line(proc: subprocess.Popen, deadline: float, what: str, tick=None) -> str:
-    """The next line a child process writes on its stdout (text mode), by ``deadline``
-    (monotonic s); RunError naming ``what`` if it exits or the deadline passes first.
-    ``tick()``, if given, is called about twice a second while waiting (progress)."""
-    while True:
-        if tick is not None:
-            tick()
-        if proc.poll() is not None:
-            raise RunError(f"waiting for {what}: it exited with code {proc.returncode}: {stderr_tail(proc)}")
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RunError(f"timed out after waiting for {what}")
-        readable, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
-        if readable:
-            return proc.stdout.readline()
+def die_with_parent():
+    """``preexec_fn``: the child gets SIGTERM when the process that started it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def stderr_tail(proc: subprocess.Popen) -> str:
-    """The end of an exited child's stderr (when it was piped), for error messages."""
-    if proc.poll() is None or proc.stderr is None:
-        return ""
-    return (proc.stderr.read() or "").strip()[-2000:]
+class Child:
+    """One child process of the run. ``popen`` starts it (``subprocess.Popen``, or a
+    Mininet host's ``popen`` to start it in that host's namespace). stdout is a pipe for
+    its ready/done lines (``lines``; otherwise it goes to ``log`` too); stderr goes to
+    ``log`` if given, else to a pipe read for error messages."""
 
+    def __init__(self, name: str, argv: list, popen=subprocess.Popen, log: Path | None = None, lines: bool = True):
+        self.name, self.argv, self.popen, self.log, self.lines = name, argv, popen, log, lines
+        self.proc: subprocess.Popen | None = None
 
-def stop_children(procs: dict, timeout_s: float):
-    """Children that stop when their stdin closes: close every stdin first (they wind down
-    together), wait, and end by PID the ones still running at the deadline."""
-    for proc in procs.values():
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def start(self) -> "Child":
+        kw = dict(stdin=subprocess.PIPE, text=True, cwd=str(ROOT), preexec_fn=die_with_parent)
+        if self.log is None:
+            self.proc = self.popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+            return self
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the fd
+            self.proc = self.popen(self.argv, stdout=subprocess.PIPE if self.lines else out, stderr=out, **kw)
+        return self
+
+    def read_line(self, deadline: float, what: str, tick=None) -> str:
+        """The next line it writes on stdout, by ``deadline`` (monotonic s); RunError naming
+        ``what`` if it exits or the deadline passes first. ``tick()``, if given, is called
+        about twice a second while waiting (progress)."""
+        while True:
+            if tick is not None:
+                tick()
+            if self.proc.poll() is not None:
+                raise RunError(f"waiting for {what}: it exited with code {self.proc.returncode}: {self.stderr_tail()}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RunError(f"timed out waiting for {what}")
+            readable, _, _ = select.select([self.proc.stdout], [], [], min(left, 0.5))
+            if readable:
+                return self.proc.stdout.readline()
+
+    def expect(self, word: str, deadline: float, what: str, tick=None):
+        line = self.read_line(deadline, what, tick).strip()
+        if line != word:
+            raise RunError(f"{self.name} said {line!r} instead of {word!r} {self.stderr_tail()}".strip())
+
+    def send(self, line: str):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def stderr_tail(self) -> str:
+        """The end of an exited child's stderr, for error messages."""
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        if self.log is not None:
+            return f"(see {self.log})"
+        return (self.proc.stderr.read() or "").strip()[-2000:] if self.proc.stderr else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close_stdin(self):
         try:
-            if proc.stdin:
-                proc.stdin.close()
+            if self.proc is not None and self.proc.stdin:
+                self.proc.stdin.close()
         except OSError:
             pass
+
+    def end(self, timeout_s: float):
+        """Wait until ``timeout_s``, then SIGTERM, then SIGKILL, by PID."""
+        proc = self.proc
+        if proc is None:
+            return
+        for action in (None, proc.terminate, proc.kill):
+            if action is not None:
+                LOG.warning("%s (pid %d) did not exit; %s", self.name, proc.pid,
+                            "ending it" if action == proc.terminate else "killing it")
+                action()
+            try:
+                proc.wait(timeout=timeout_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def stop_all(children, timeout_s: float):
+    """Children that finish when their stdin closes: close every stdin first (they wind
+    down together), then end each one by PID at the deadline."""
+    children = [c for c in children if c.proc is not None]
+    for c in children:
+        c.close_stdin()
     end = time.monotonic() + timeout_s
-    for name, proc in procs.items():
-        try:
-            proc.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            LOG.warning("%s (pid %d) did not exit; ending it", name, proc.pid)
-            proc.kill()
-            proc.wait(timeout=timeout_s)
+    for c in children:
+        c.end(max(0.1, end - time.monotonic()))
 
 
 def free_tcp_port() -> int:
@@ -82,101 +145,7 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def read_events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line being written
-    return out
-
-
-class Controller:
-    """``python -m testbed.controller`` in its own process, stopped by PID on exit."""
-
-    def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, stats_interval_ns: int = 0,
-                 pins: Path | None = None):
-        self.plan_path, self.run_dir, self.port = plan_path, run_dir, port
-        self.stats_interval_ns = stats_interval_ns  # 0: no collection (telemetry.py: what is collected)
-        self.pins = pins  # the run's marker pins (queue counters), if it has queues
-        self.events_path = run_dir / "controller-events.jsonl"
-        self.log_path = run_dir / "controller.log"
-        self.on_start = on_start
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self):
-        argv = [sys.executable, "-m", "testbed.controller", "--plan", str(self.plan_path),
-                "--events", str(self.events_path), "--port", str(self.port)]
-        if self.stats_interval_ns:
-            argv += ["--telemetry", str(self.run_dir), "--interval-ns", str(self.stats_interval_ns)]
-            if self.pins:
-                argv += ["--pins", str(self.pins)]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=ROOT)
-        if self.on_start:
-            self.on_start(self.proc.pid)
-        return self
-
-    def __exit__(self, *exc):
-        proc, self.proc = self.proc, None
-        if proc and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(STOP_GRACE_S)
-        return False
-
-    def check_alive(self):
-        """Raise RunError with the controller's own reason if it has exited."""
-        if self.proc is None or self.proc.poll() is None:
-            return
-        fatal = [e for e in read_events(self.events_path) if e.get("event") == "fatal"]
-        if fatal:
-            reason = f"{fatal[-1]['error']} (in {fatal[-1]['handler']})"
-        else:
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-5:]
-            reason = "; ".join(tail) or "no output"
-        raise RunError(f"the controller exited with status {self.proc.returncode}: {reason} "
-                       f"(see {self.log_path})")
-
-    def wait_listening(self, timeout_s: float):
-        def ready():
-            self.check_alive()
-            return _listening(self.port)
-
-        wait_for(ready, timeout_s, f"the controller to listen on 127.0.0.1:{self.port}")
-
-    def wait_poll_after(self, t_ns: int, timeout_s: float):
-        """Wait until the collector has polled every counter once after ``t_ns`` (monotonic):
-        the run's totals then include everything up to that moment."""
-
-        def polled():
-            self.check_alive()
-            path = self.run_dir / "polls.jsonl"
-            return path.exists() and any(p.get("t_ns", 0) > t_ns for p in read_events(path)[-3:])
-
-        wait_for(polled, timeout_s, "the collector's first poll after training")
-
-    def wait_fabric_ready(self, switches: int, timeout_s: float) -> list[dict]:
-        """Wait until every switch acknowledged its program (barrier reply)."""
-
-        def ready():
-            self.check_alive()
-            events = read_events(self.events_path)
-            done = {e["dpid"]: e for e in events if e.get("event") == "switch_ready"}
-            return list(done.values()) if len(done) >= switches else None
-
-        return wait_for(ready, timeout_s, f"{switches} switches to connect and confirm their flows")

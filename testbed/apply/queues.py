@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from testbed.wire import bpfmaps
 from testbed.model import queues
 from testbed.apply.marker import Marker
 from testbed.apply.tc import PortTc
@@ -18,7 +19,7 @@ from testbed.apply.tc import PortTc
 class EgressQueues:
     def __init__(self, plan, run_id: str, link_delay: bool = False):
         self.plan, self.run_id, self.link_delay = plan, run_id, link_delay
-        self.ports = queues.plan_queues(plan)
+        self.ports = plan.queues
         self.by_ifindex: dict[int, queues.PortQueue] = {}
         self.marker: Marker | None = None
         self.tc: PortTc | None = None
@@ -60,12 +61,12 @@ class EgressQueues:
         after = self.marker.state.lookup(idx, lock=True)
         if before is None:
             return 0.0, backlog, after is None
-        state = queues.marker_state(before)
-        shadow = queues.shadow_depth_now(state, self.by_ifindex[idx].emulated_rate_bps, (t0 + t1) // 2)
-        clean = after is not None and queues.marker_state(after)["packets"] == state["packets"]
+        state = bpfmaps.marker_state(before)
+        shadow = bpfmaps.shadow_depth_now(state, self.by_ifindex[idx].emulated_rate_bps, (t0 + t1) // 2)
+        clean = after is not None and bpfmaps.marker_state(after)["packets"] == state["packets"]
         return shadow, backlog, clean
 
     def counters(self, intf: str) -> dict:
         """Marker counters of one port (no epoch bump: max depth is since the last Marker.read)."""
         raw = self.marker.state.lookup(self.tc.ifindex(intf), lock=True)
-        return queues.marker_state(raw) if raw else {}
+        return bpfmaps.marker_state(raw) if raw else {}

@@ -23,7 +23,6 @@ def main(argv=None):
     parser.add_argument("--events", required=True, help="JSON-lines file to append events to")
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port on 127.0.0.1")
     parser.add_argument("--telemetry", default=None, help="folder for the telemetry JSON lines (off if unset)")
-    parser.add_argument("--interval-ns", type=int, default=0, help="telemetry interval, emulated ns")
     parser.add_argument("--pins", default=None, help="the run's bpffs folder (marker maps: queue counters)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -32,8 +31,7 @@ def main(argv=None):
              project="os_ken")
     from testbed.controller import app
 
-    app.SETTINGS.update(plan=args.plan, events=args.events, telemetry=args.telemetry, interval_ns=args.interval_ns,
-                        pins=args.pins)
+    app.SETTINGS.update(plan=args.plan, events=args.events, telemetry=args.telemetry, pins=args.pins)
     AppManager.run_apps(["testbed.controller.app"])
 
 

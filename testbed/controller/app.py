@@ -65,7 +65,7 @@ class TestbedController(app_manager.OSKenApp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         with open(SETTINGS["plan"]) as f:
-            plan = json.load(f)
+            self.plan = plan = json.load(f)
         self.event_log = Events(SETTINGS["events"])
         self.logic = routing.FabricController(plan)
         self.datapaths = {}
@@ -91,7 +91,8 @@ class TestbedController(app_manager.OSKenApp):
         if self.logic.all_ready:
             self.event_log.write("fabric_ready")
             if self.collector is not None and self.poller is None:
-                self.poller = telemetry.Poller(SETTINGS["interval_ns"], time.monotonic_ns())
+                interval_ns = self.plan["telemetry"]["interval_emulated_ns"]
+                self.poller = telemetry.Poller(interval_ns, time.monotonic_ns())
                 hub.spawn(self._collect)
 
     def _collect(self):

@@ -11,8 +11,8 @@ import socket
 import time
 from pathlib import Path
 
+from testbed.wire import bpfmaps
 from testbed.apply import bpfmap
-from testbed.model import queues as queue_settings
 from testbed.controller import telemetry
 from testbed.apply.marker import Counters
 from testbed.apply.qdiscstat import QdiscReader
@@ -59,7 +59,7 @@ class Collector:
         try:
             ifindex = {pq["intf"]: socket.if_nametoindex(pq["intf"]) for pq in self.queues}
             self.counters = Counters(self.pins)
-            self.pfc = bpfmap.Map(str(self.pins / "testbed_pfc"), queue_settings.PFC_SIZE)
+            self.pfc = bpfmap.Map(str(self.pins / "testbed_pfc"), bpfmaps.PFC_SIZE)
         except OSError:
             if self.counters is not None:
                 self.counters.close()
@@ -86,7 +86,7 @@ class Collector:
             except OSError:
                 continue
             raw = self.pfc.lookup(idx)
-            pfc = queue_settings.pfc_counters(raw) if raw else None
+            pfc = bpfmaps.pfc_counters(raw) if raw else None
             records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf, pfc))
         self.write("queues", records)
         return len(records)

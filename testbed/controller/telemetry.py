@@ -21,7 +21,7 @@ same number of samples per real microsecond whatever the dilation.
 
 from __future__ import annotations
 
-from testbed.model import queues
+from testbed.wire import bpfmaps
 from testbed.controller.routing import COUNT_TABLE, ECN_CODEPOINTS
 
 DEFAULT_INTERVAL_REAL_NS = 10_000
@@ -85,14 +85,14 @@ def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None, pf
     """One switch port's egress queue at ``now_ns``: ``pq`` is the plan's queue entry,
     ``state`` the marker's counters (``marker.Counters.read``; None before the first
     packet), ``tbf`` the data class TBF's counters (``qdiscstat``), ``pfc`` the PFC
-    process's counters for the port (``queues.pfc_counters``; None before its first
+    process's counters for the port (``bpfmaps.pfc_counters``; None before its first
     event): frames sent and received, paused time up to ``now_ns``, headroom high-water."""
     rec = {"t_ns": now_ns, "switch": pq["switch"], "port": pq["port"], "intf": pq["intf"]}
     if state is None:
         rec.update({k: 0 for k in ("depth_bytes", "max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
                                    "control_packets")})
     else:
-        rec["depth_bytes"] = int(queues.shadow_depth_now(state, pq["emulated_rate_bps"], now_ns))
+        rec["depth_bytes"] = int(bpfmaps.shadow_depth_now(state, pq["emulated_rate_bps"], now_ns))
         rec.update({k: state[k] for k in ("max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
                                           "control_packets")})
     if tbf is not None:

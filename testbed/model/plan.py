@@ -6,6 +6,12 @@ port numbers, interface names, addresses, the proactive routes each switch gets
 sizes a fabric by: oversubscription and bisection bandwidth. Apply does exactly
 what the plan says; the controller receives the plan as JSON.
 
+It is the run's one plan: the fabric, routes, every switch port's queue settings (with
+the ports its PFC pauses), the training schedule (each GPU's ops, the collectives and the
+analytical ideal) and the telemetry settings, built once by ``build`` and written whole to
+``plan.json``. ``show``, the apply steps, the controller, the PFC process, the agents and
+the report read it; none rebuilds a piece of it.
+
 Conventions (Mininet's): switches ``spine1..``, ``leaf1..`` with interfaces
 ``leaf1-eth3``; GPU hosts ``h1..`` with fabric NIC ``h1-eth0`` and NVLink NIC
 ``h1-eth1``; a server's NVLink segment is the Linux bridge ``nvl1``.
@@ -15,23 +21,22 @@ is ``10.(128 + s // 256).(s % 256).0/24``.
 
 from __future__ import annotations
 
-import ipaddress
-from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from testbed.model import queues
 from testbed import units
 from testbed.config.scenario import Fabric, Scenario
-
-FABRIC_NET = ipaddress.ip_network("10.0.0.0/16")
+from testbed.model import pfc, queues, routes as routing
+from testbed.model.training import TrainingPlan, plan_training
 
 # Forwarding the host can give the emulated fabric, in emulated bits/s x switch hops.
 # userspace: one TCP flow crossed 3 switches of the default fabric at ~490 Mbit/s
 # (~1.5 Gbit/s of hop-forwarding) on the 2-core development machine; a quarter of
 # that is budgeted, leaving room for GPU agents, telemetry and small packets.
-# kernel: not yet measured (lab VM); assumed 2.5x userspace. The manifest records
-# the figure used; the fidelity guard (a later issue) checks that it held.
+# kernel: assumed 2.5x userspace (the stock-kernel check runs under QEMU software
+# emulation, where no forwarding figure means anything). The manifest records the
+# figure used and the fidelity guard checks, per run, that it held.
 FORWARDING_BUDGET_BPS = {"user": 400e6, "kernel": 1e9}
+DEFAULT_TELEMETRY_INTERVAL_REAL_NS = 10_000
 
 
 @dataclass(frozen=True)
@@ -96,12 +101,11 @@ class Server:
 
 
 @dataclass(frozen=True)
-class Route:
-    """On ``switch``, packets to ``prefix`` leave by one of ``ports`` (ECMP when several)."""
+class Telemetry:
+    """How often the controller collects counters: real-fabric time, and x dilation."""
 
-    switch: str
-    prefix: str
-    ports: tuple
+    interval_real_ns: int
+    interval_emulated_ns: int
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,10 @@ class Plan:
     servers: tuple
     links: tuple
     routes: tuple
+    queues: tuple = ()  # queues.PortQueue per switch port, with the ports its PFC pauses
+    training: TrainingPlan | None = None  # None: the run only proves reachability
+    telemetry: Telemetry | None = None
+    link_delay: bool = False  # cable delay emulated (netem): the ideal counts propagation
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -151,37 +159,16 @@ class Plan:
             return 0
         first = [h.name for h in self.hosts[: n // 2]]
         second = [h.name for h in self.hosts[n // 2:]]
-        return _max_flow(self.fabric_links, first, second)
+        return routing.max_flow(self.fabric_links, first, second)
 
-    def ecmp_paths(self, src: str, dst: str, limit: int = 64) -> list:
+    def route_table(self) -> routing.Table:
+        return routing.Table(self.routes)
+
+    def ecmp_paths(self, src: str, dst: str, limit: int = 64, table: routing.Table | None = None) -> list:
         """All shortest fabric paths between two GPU hosts, each a list of
         (node, out_interface) hops ending with (dst, None). Follows the planned routes."""
-        s, d = self.host(src), self.host(dst)
-        if s.name == d.name:
-            return []
-        by_port = {}
-        for link in self.fabric_links:
-            by_port[(link.a, link.a_port)] = (link.b, link.b_port)
-            by_port[(link.b, link.b_port)] = (link.a, link.a_port)
-        routes = {}
-        for r in self.routes:
-            routes.setdefault(r.switch, []).append(r)
-        paths = []
-
-        def walk(node, hops):
-            if len(paths) >= limit:
-                return
-            if node == d.name:
-                paths.append(hops + [(node, None)])
-                return
-            if len(hops) > len(self.switches) + 1:
-                raise AssertionError(f"routing loop from {src} to {dst}: {hops}")
-            for port in lookup(routes.get(node, ()), d.addr):
-                nxt, _ = by_port[(node, port)]
-                walk(nxt, hops + [(node, f"{node}-eth{port}")])
-
-        walk(s.leaf, [(s.name, f"{s.name}-eth0")])
-        return paths
+        return routing.paths(table or self.route_table(), self.fabric_links, self.host(src), self.host(dst),
+                             len(self.switches) + 1, limit)
 
     def to_dict(self) -> dict:
         """JSON-ready plan (handed to the controller, written to the run folder)."""
@@ -193,60 +180,11 @@ class Plan:
             "servers": [asdict(s) for s in self.servers],
             "links": [asdict(link) | {"a_intf": link.a_intf, "b_intf": link.b_intf} for link in self.links],
             "routes": [asdict(r) for r in self.routes],
-            "queues": [pq.to_dict() for pq in queues.plan_queues(self)],
+            "queues": [pq.to_dict() for pq in self.queues],
+            "training": self.training.to_dict() if self.training else None,
+            "telemetry": asdict(self.telemetry) if self.telemetry else None,
+            "link_delay": self.link_delay,
         }
-
-
-def lookup(routes, addr: str) -> tuple:
-    """Longest-prefix match over a switch's routes: the ports toward ``addr``."""
-    ip = ipaddress.ip_address(addr)
-    best = None
-    for r in routes:
-        net = ipaddress.ip_network(r.prefix)
-        if ip in net and (best is None or net.prefixlen > best[0]):
-            best = (net.prefixlen, r.ports)
-    return best[1] if best else ()
-
-
-def _max_flow(links, sources, sinks) -> int:
-    """Edmonds-Karp on full-duplex links (each direction has the link's capacity)."""
-    cap: dict = {}
-
-    def arc(u, v, c):
-        cap.setdefault(u, {}).setdefault(v, 0)
-        cap.setdefault(v, {}).setdefault(u, 0)
-        cap[u][v] += c
-
-    for link in links:
-        arc(link.a, link.b, link.rate_bps)
-        arc(link.b, link.a, link.rate_bps)
-    big = sum(link.rate_bps for link in links) + 1
-    for h in sources:
-        arc("<src>", h, big)
-    for h in sinks:
-        arc(h, "<dst>", big)
-    total = 0
-    while True:
-        parent = {"<src>": None}
-        queue = deque(["<src>"])
-        while queue and "<dst>" not in parent:
-            u = queue.popleft()
-            for v, c in cap[u].items():
-                if c > 0 and v not in parent:
-                    parent[v] = u
-                    queue.append(v)
-        if "<dst>" not in parent:
-            return total
-        v, bottleneck = "<dst>", big
-        while parent[v] is not None:
-            bottleneck = min(bottleneck, cap[parent[v]][v])
-            v = parent[v]
-        v = "<dst>"
-        while parent[v] is not None:
-            cap[parent[v]][v] -= bottleneck
-            cap[v][parent[v]] += bottleneck
-            v = parent[v]
-        total += bottleneck
 
 
 def auto_dilation(fabric: Fabric, datapath: str) -> tuple[units.Dilation, str]:
@@ -267,8 +205,11 @@ def _mac(kind: int, a: int, b: int) -> str:
     return f"02:{kind:02x}:00:{a >> 8:02x}:{a & 0xff:02x}:{b:02x}"
 
 
-def build(scenario: Scenario, datapath: str = "user") -> Plan:
-    """The whole fabric for a scenario. ``datapath`` ("user"/"kernel") only feeds auto dilation."""
+def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
+          telemetry_interval_real_ns: int = DEFAULT_TELEMETRY_INTERVAL_REAL_NS) -> Plan:
+    """The whole run plan for a scenario, from what the machine offers: ``datapath``
+    ("user"/"kernel") feeds auto dilation; ``link_delay`` says whether cable delay is
+    emulated (netem), which the training's ideal then counts."""
     fabric = scenario.fabric
     if scenario.dilation is not None:
         dilation = units.Dilation(scenario.dilation)
@@ -333,37 +274,31 @@ def build(scenario: Scenario, datapath: str = "user") -> Plan:
                 links.append(Link("nvlink", h.name, 1, bridge, h.local_rank + 1, fabric.nvlink_rate_bps, 0))
 
     switches = spines + leaves
-    routes = _routes(switches, hosts, links, leaves)
-    return Plan(scenario=scenario, dilation=dilation, dilation_reason=reason, switches=tuple(switches),
-                hosts=tuple(hosts), servers=tuple(servers), links=tuple(links), routes=tuple(routes))
+    routes = routing.compute(switches, hosts, links, leaves)
+    plan = Plan(scenario=scenario, dilation=dilation, dilation_reason=reason, switches=tuple(switches),
+                hosts=tuple(hosts), servers=tuple(servers), links=tuple(links), routes=tuple(routes),
+                telemetry=Telemetry(telemetry_interval_real_ns,
+                                    int(dilation.duration_ns(telemetry_interval_real_ns))),
+                link_delay=link_delay)
+    table = plan.route_table()
+    plan = replace(plan, queues=_queues(plan, table))
+    if scenario.workload is not None:
+        plan = replace(plan, training=plan_training(plan, scenario.workload, table))
+    return plan
 
 
-def _routes(switches, hosts, links, leaves) -> list[Route]:
-    """Per switch: /32 to each attached GPU, and per other leaf's /24 every port on a
-    shortest path toward that leaf (ECMP)."""
-    adj: dict = {s.name: [] for s in switches}  # name -> [(port, neighbour)]
-    for link in links:
-        if link.kind == "uplink":
-            adj[link.a].append((link.a_port, link.b))
-            adj[link.b].append((link.b_port, link.a))
-    routes = []
-    for s in switches:
-        for h in hosts:
-            if h.leaf == s.name:
-                routes.append(Route(s.name, f"{h.addr}/32", (h.leaf_port,)))
-    for li, dest in enumerate(leaves):
-        dist = {dest.name: 0}
-        queue = deque([dest.name])
-        while queue:
-            u = queue.popleft()
-            for _, v in adj[u]:
-                if v not in dist:
-                    dist[v] = dist[u] + 1
-                    queue.append(v)
-        prefix = f"10.0.{li + 1}.0/24"
-        for s in switches:
-            if s.name == dest.name or s.name not in dist:
+def _queues(plan: Plan, table: routing.Table) -> tuple:
+    """Every switch egress port (NVLink bridges are not switches), with its PFC feeders."""
+    out = []
+    switches = {s.name for s in plan.switches}
+    fabric = plan.fabric_links
+    for link in fabric:
+        for node, port, peer in ((link.a, link.a_port, link.b), (link.b, link.b_port, link.a)):
+            if node not in switches:
                 continue
-            ports = tuple(sorted(p for p, v in adj[s.name] if dist.get(v) == dist[s.name] - 1))
-            routes.append(Route(s.name, prefix, ports))
-    return routes
+            feeders = ()
+            if plan.scenario.queues.pfc is not None:
+                feeders = tuple(f"{node}-eth{p}" for p in pfc.feeders(table, plan.hosts, fabric, switches, node, port))
+            out.append(queues.port_queue(plan.scenario.queues, node, port, peer, link.rate_bps, link.delay_ns,
+                                         plan.dilation, feeders=feeders))
+    return tuple(sorted(out, key=lambda pq: (pq.switch, pq.port)))

@@ -19,7 +19,6 @@ where they are counted, and not in the qdisc.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import asdict, dataclass
 
 from testbed import units
@@ -36,23 +35,6 @@ DCQCN_KMAX_BYTES = 200_000
 DCQCN_PMAX = 0.01
 BURST_MTUS = 3
 FIFO_SLACK_MTUS = 2
-ECN_OFF = 2 ** 64 - 1
-PMAX_ONE = 2 ** 32
-
-# bpf/marker.c: struct cfg (7 x u64) and struct state (12 x u64 + spin lock, padded)
-CFG_FORMAT = "=7Q"
-CFG_SIZE = struct.calcsize(CFG_FORMAT)
-STATE_FORMAT = "=12Q8x"
-STATE_SIZE = struct.calcsize(STATE_FORMAT)
-# struct pfc_counters (testbed_pfc, written by testbed.apply.pfc, read by the collector)
-PFC_FORMAT = "=6Q"
-PFC_SIZE = struct.calcsize(PFC_FORMAT)
-PFC_FIELDS = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "paused_since_ns",
-              "headroom_high_water_bytes")
-STATE_FIELDS = ("depth_bytes", "tokens_bytes", "last_ns", "packets", "bytes", "ect", "marked", "drops",
-                "max_depth_bytes", "epoch", "prev_max_depth_bytes", "control_packets")
-
-
 @dataclass(frozen=True)
 class PortQueue:
     """The egress queue of one switch port."""
@@ -77,6 +59,7 @@ class PortQueue:
     fifo_limit_bytes: int
     delay_ns: int  # the link's propagation delay, real
     emulated_delay_ns: float  # x dilation: what netem holds each packet, where the kernel has netem
+    feeders: tuple = ()  # interfaces of this switch whose upstream neighbours its PFC pauses
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,7 +71,7 @@ def headroom_formula_bytes(rate_bps: float, delay_ns: float, mtu_bytes: int = MT
 
 
 def port_queue(q, switch: str, port: int, peer: str, rate_bps: int, delay_ns: int,
-               dilation: units.Dilation, mtu_bytes: int = MTU_BYTES) -> PortQueue:
+               dilation: units.Dilation, mtu_bytes: int = MTU_BYTES, feeders: tuple = ()) -> PortQueue:
     """Settings for one port from the scenario's ``Queues`` (None = derived)."""
     scale = rate_bps / DCQCN_REF_RATE_BPS
     ecn = q.ecn is not None
@@ -109,48 +92,4 @@ def port_queue(q, switch: str, port: int, peer: str, rate_bps: int, delay_ns: in
         pfc=pfc, xoff_bytes=xoff if pfc else 0, xon_bytes=xon if pfc else 0,
         headroom_bytes=headroom if pfc else 0, headroom_formula_bytes=formula,
         burst_bytes=BURST_MTUS * mtu_bytes, fifo_limit_bytes=buffer + FIFO_SLACK_MTUS * mtu_bytes,
-        delay_ns=delay_ns, emulated_delay_ns=dilation.duration_ns(delay_ns))
-
-
-def plan_queues(plan) -> tuple:
-    """Every switch egress port of the fabric (NVLink bridges are not switches)."""
-    out = []
-    switches = {s.name for s in plan.switches}
-    for link in plan.fabric_links:
-        for node, port, peer in ((link.a, link.a_port, link.b), (link.b, link.b_port, link.a)):
-            if node in switches:
-                out.append(port_queue(plan.scenario.queues, node, port, peer, link.rate_bps, link.delay_ns,
-                                      plan.dilation))
-    return tuple(sorted(out, key=lambda pq: (pq.switch, pq.port)))
-
-
-def marker_cfg(pq: PortQueue, paused: bool = False) -> bytes:
-    """``struct cfg`` of bpf/marker.c for a port."""
-    if pq.ecn:
-        kmin, kmax, pmax = pq.kmin_bytes, pq.kmax_bytes, int(round(pq.pmax * PMAX_ONE))
-    else:
-        kmin = kmax = ECN_OFF
-        pmax = 0
-    return struct.pack(CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes, pq.buffer_bytes, kmin, kmax, pmax,
-                       int(paused))
-
-
-def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> float:
-    """The shadow queue drained up to ``now_ns`` (CLOCK_MONOTONIC, the BPF clock): the
-    program only updates it when a packet passes."""
-    elapsed = max(0, now_ns - state["last_ns"])
-    return max(0.0, state["depth_bytes"] - elapsed * emulated_rate_bps / 8e9)
-
-
-def marker_state(raw: bytes) -> dict:
-    """``struct state`` of bpf/marker.c as a dict."""
-    return dict(zip(STATE_FIELDS, struct.unpack(STATE_FORMAT, raw)))
-
-
-def pfc_counters(raw: bytes) -> dict:
-    """``struct pfc_counters`` of bpf/marker.c as a dict."""
-    return dict(zip(PFC_FIELDS, struct.unpack(PFC_FORMAT, raw)))
-
-
-def pack_pfc_counters(**fields) -> bytes:
-    return struct.pack(PFC_FORMAT, *(int(fields.get(k, 0)) for k in PFC_FIELDS))
+        delay_ns=delay_ns, emulated_delay_ns=dilation.duration_ns(delay_ns), feeders=feeders if pfc else ())

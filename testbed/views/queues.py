@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from testbed.model import queues
+from testbed.wire import bpfmaps
 from testbed.apply import registry
 from testbed.apply.bpfmap import BpfError, Map
 from testbed.errors import RunError
 from testbed.apply.marker import PIN_ROOT
-from testbed.apply.process import read_events
+from testbed.jsonlines import read_events
 from testbed.apply.tc import PortTc
 from testbed.units import format_duration, format_size
 
@@ -55,7 +55,7 @@ def snapshot(run: dict) -> list[dict]:
     pins = PIN_ROOT / run["run_id"]
     rows = []
     try:
-        state_map = Map(str(pins / "testbed_state"), queues.STATE_SIZE)
+        state_map = Map(str(pins / "testbed_state"), bpfmaps.STATE_SIZE)
     except BpfError as exc:
         raise RunError(f"the run's marker maps are not there yet: {exc}") from None
     with state_map, PortTc() as tc:
@@ -63,8 +63,8 @@ def snapshot(run: dict) -> list[dict]:
         for pq in plan["queues"]:
             idx = tc.ifindex(pq["intf"])
             raw = state_map.lookup(idx, lock=True)
-            s = queues.marker_state(raw) if raw else {k: 0 for k in queues.STATE_FIELDS}
-            depth = queues.shadow_depth_now(s, pq["emulated_rate_bps"], now) if raw else 0.0
+            s = bpfmaps.marker_state(raw) if raw else {k: 0 for k in bpfmaps.STATE_FIELDS}
+            depth = bpfmaps.shadow_depth_now(s, pq["emulated_rate_bps"], now) if raw else 0.0
             q = tc.qdisc_stats(pq["intf"])
             rows.append({**pq, "depth_bytes": depth, "max_depth_bytes": s["max_depth_bytes"],
                          "packets": s["packets"], "ect": s["ect"], "marked": s["marked"], "drops": s["drops"],

@@ -60,10 +60,8 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
     out.append("egress queues on every switch port (TBF at the emulated port rate + eBPF WRED/ECN marker):")
     out.append(f"  scenario: buffer {format_size(q.buffer_bytes) if q.buffer_bytes else 'derived'}; "
                f"ECN {_ecn(q)}; PFC {_pfc(q)}")
-    from testbed.model.queues import plan_queues
-
     kinds = {}
-    for pq in plan_queues(plan):
+    for pq in plan.queues:
         kinds.setdefault((pq.rate_bps, pq.buffer_bytes, pq.kmin_bytes, pq.kmax_bytes, pq.pmax, pq.headroom_bytes,
                           pq.headroom_formula_bytes), []).append(pq.intf)
     for (rate, buf, kmin, kmax, pmax, head, formula), intfs in sorted(kinds.items()):
@@ -71,7 +69,7 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
         out.append(f"  {len(intfs):3} ports at {format_rate(rate)}: buffer {format_size(buf)}, {ecn}, "
                    f"PFC headroom {format_size(head)} (formula {format_size(formula)})")
     out.append("")
-    if sc.workload is not None:
+    if plan.training is not None:
         out += _workload(plan, sc.workload) + [""]
     if pair is None:
         first, last = plan.hosts[0], plan.hosts[-1]
@@ -109,13 +107,9 @@ def _pfc(q) -> str:
 
 
 def _workload(plan, wl) -> list:
-    """Ranks on GPUs and what the schedule sends where: per step of the first data-parallel
-    collective, and per iteration on the fabric vs on NVLink."""
-    from testbed.model import schedule
-    from testbed.units import format_duration
-
-    lay = schedule.layout(wl, plan.hosts)
-    ops, collectives = schedule.build_plan(wl, plan.hosts)
+    """Ranks on GPUs and what the planned schedule sends where: per step of the first
+    data-parallel collective, and per iteration on the fabric vs on NVLink."""
+    ops, collectives, ranks = plan.training.ops, plan.training.collectives, plan.training.ranks
     out = [f"workload {wl.name}: {wl.iterations} iterations; DP {wl.data} x PP {wl.pipeline} x TP {wl.tensor}; "
            f"compute forward {format_duration(wl.forward_ns)} + backward {format_duration(wl.backward_ns)}"
            + (f" per micro-batch, {wl.micro_batches} micro-batches ({wl.pipeline_schedule})" if wl.pipeline > 1
@@ -130,10 +124,10 @@ def _workload(plan, wl) -> list:
                    f"forward and backward")
     mapping = wl.mapping if isinstance(wl.mapping, str) else "explicit list"
     out.append(f"  ranks (mapping {mapping}): GPU, global rank, pipeline stage, data-parallel rank, tensor rank")
-    for r, name in enumerate(lay.order):
+    for name, r in ranks.items():
         h = plan.host(name)
-        out.append(f"    {name:5} rank {r:<3} stage {lay.stage[name]:<2} dp {lay.dp_rank[name]:<3} "
-                   f"tp {lay.tp_rank[name]:<2} server {h.server} GPU {h.local_rank} on {h.leaf}")
+        out.append(f"    {name:5} rank {r['rank']:<3} stage {r['stage']:<2} dp {r['dp']:<3} "
+                   f"tp {r['tp']:<2} server {h.server} GPU {h.local_rank} on {h.leaf}")
     first = [c for c in collectives if c["iteration"] == 0 and c["phase"] == "dp"][:1]
     if first:
         c = first[0]

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from testbed.wire import bpfmaps
 from testbed.apply import bpfmap
 from testbed.model import queues
 from testbed.apply.marker import Marker
@@ -48,7 +49,7 @@ def run(m, size, tos, repeat=1):
 
 
 def state(m):
-    return queues.marker_state(m.state.lookup(LO_IFINDEX, lock=True))
+    return bpfmaps.marker_state(m.state.lookup(LO_IFINDEX, lock=True))
 
 
 def fill(m, depth):

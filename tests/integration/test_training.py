@@ -13,7 +13,7 @@ from testbed.model import plan as planning, schedule
 from testbed import run
 from testbed.config import scenario
 from testbed.apply.process import wait_for
-from testbed.apply.agents import load_records
+from testbed.analysis.training import load_records
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from testbed.analysis import fidelity, kpis, report, results
-from testbed.apply.agents import Progress
+from testbed.views import summary as summary_text
+from testbed.views.progress import Progress
 
 D = 1000  # dilation
 
@@ -44,6 +45,15 @@ def run_dir(tmp_path):
                        "delay_ns": 200}],
             "queues": [{**q, "switch": "leaf1", "port": p, "intf": f"leaf1-eth{p}", "peer": peer}
                        for p, peer in ((1, "h1"), (2, "spine1"), (3, "spine2"))]}
+    # the plan's schedule: h1 computes (120 us) and sends, h2 sends; an ideal step of 100 us
+    send = {"kind": "send", "iteration": 0, "phase": "dp", "collective": 0, "step": 0, "bytes": 1000}
+    plan["training"] = {
+        "iterations": 1, "ideal": {"iteration_ns": 100_000, "link_bps": 400e9, "compute_ns": 60_000},
+        "collectives": [{"id": 0, "iteration": 0, "phase": "dp", "algorithm": "ring", "bytes": 1000, "ranks": 2,
+                         "gpus": ["h1", "h2"], "ideal_ns": 1500}],
+        "ops": {"h1": [{**send, "id": 0, "peer": "h2"}, {"kind": "compute", "iteration": 0, "phase": "forward",
+                                                          "collective": -1, "step": -1, "bytes": 0, "id": 1}],
+                "h2": [{**send, "id": 0, "peer": "h1"}]}}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "agents").mkdir()
     op = {"type": "op", "iteration": 0, "phase": "dp", "collective": 0, "step": 0, "link": "fabric",
@@ -51,16 +61,13 @@ def run_dir(tmp_path):
     # two concurrent sends of 1000 B: 1 us and 3 us (real) -> 8 and 2.67 Gbit/s
     write(tmp_path / "agents" / "h1.jsonl", [
         {**op, "gpu": "h1", "id": 0, "peer": "h2", "ready_ns": 0, "start_ns": 0, "end_ns": 1000 * D},
+        {**op, "gpu": "h1", "id": 1, "kind": "compute", "phase": "forward", "collective": -1, "step": -1,
+         "peer": None, "bytes": 0, "ready_ns": 0, "start_ns": 0, "end_ns": 120_000 * D},
         {"gpu": "h1", "type": "nic", "tx_count": 10, "tx_late_ns": 300, "tx_late_max_ns": 100, "tx_gap_ns": 1000,
          "timer_count": 2, "timer_late_ns": 2000 * D, "timer_late_max_ns": 1500 * D},
         {"gpu": "h1", "type": "qp", "peer": "h2", "link": "fabric", "packets_sent": 10, "retransmitted": 0}])
     write(tmp_path / "agents" / "h2.jsonl", [
         {**op, "gpu": "h2", "id": 0, "peer": "h1", "ready_ns": 0, "start_ns": 0, "end_ns": 3000 * D}])
-    (tmp_path / "training.json").write_text(json.dumps({
-        "iterations": [{"iteration": 0, "step_ns": 120_000, "ideal_ns": 100_000, "ratio": 1.2, "complete": True}],
-        "collectives": [{"id": 0, "iteration": 0, "phase": "dp", "algorithm": "ring", "bytes": 1000, "ranks": 2,
-                         "time_ns": 4000, "ideal_ns": 2000, "ratio": 2.0}],
-        "transport": {"packets_sent": 10, "retransmitted": 0}, "ideal": {"iteration_ns": 100_000}}))
     # leaf1-eth2 backlogged for 1 s (emulated) and sent 25 MB = 200 Mbit at 400 Mbit/s: 50 %
     write(tmp_path / "queues.jsonl",
           queue_rows("leaf1-eth1", [(0, 0, 0, 0, 0, 0, 0), (10 ** 9, 0, 0, 5, 100, 1, 300)])
@@ -82,7 +89,9 @@ def test_kpis_worked_by_hand(run_dir):
     s = kpis.summary(results.load(run_dir))
     assert s["run"]["complete"] and s["jct"]["mean_ratio"] == 1.2
     (c,) = s["collectives"]["items"]
-    assert c["algbw_bps"] == 1000 * 8 / 4e-6 and c["busbw_bps"] == c["algbw_bps"] * 2 * 1 / 2
+    # every member in at 0, the last out at 3 us: 2x its 1.5 us ideal
+    assert c["time_ns"] == 3000 and c["ratio"] == 2.0
+    assert c["algbw_bps"] == 1000 * 8 / 3e-6 and c["busbw_bps"] == c["algbw_bps"] * 2 * 1 / 2
     assert s["ecn"]["marking_ratio"] == 5 / 100
     assert s["drops"]["packets"] == 1 and s["drops"]["ppm"] == pytest.approx(1 / 130 * 1e6)  # 110 + 10 + 10 offered
     assert s["queues"]["max_depth_bytes"] == 800 and s["queues"]["busiest_port"] == "leaf1-eth2"
@@ -99,7 +108,7 @@ def test_kpis_worked_by_hand(run_dir):
     assert s["references"]["dctcp_k_rtt_ns"] == pytest.approx(rtt)
     assert s["references"]["dctcp_k_bytes"] == int(400e9 * rtt / 1e9 / 8 / 7)
     json.dumps(s, default=kpis._plain)
-    story = " ".join(kpis.narrative(s))
+    story = " ".join(summary_text.narrative(s))
     assert "trained 1 iteration. A step took 120us against an ideal of 100us (x1.20)" in story
     assert "while backlogged it sat at a median of 500B" in story
     assert "5 packets were CE-marked" in story and "1 packets were dropped" in story
@@ -130,7 +139,23 @@ def test_an_interrupted_run_is_incomplete_and_says_why(run_dir):
     (run_dir / "manifest.json").write_text(json.dumps({**m, "status": "interrupted", "reason": "SIGINT (Ctrl-C)"}))
     s = kpis.summary(results.load(run_dir))
     assert not s["run"]["complete"] and "SIGINT" in s["run"]["incomplete_because"]
-    assert "INCOMPLETE" in kpis.terminal(s)
+    assert "INCOMPLETE" in summary_text.terminal(s)
+
+
+def test_an_iteration_cut_short_stays_out_of_every_kpi(run_dir):
+    """h2 never finished its send (an interrupted run): iteration 1 and its collective are
+    incomplete, so there is no step time, no bus bandwidth above the line, and the
+    summary and its sentences say so."""
+    lines = (run_dir / "agents" / "h2.jsonl").read_text().splitlines()
+    (run_dir / "agents" / "h2.jsonl").write_text("".join(line + "\n" for line in lines[1:]))
+    m = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**m, "status": "interrupted", "reason": "SIGINT (Ctrl-C)"}))
+    s = kpis.summary(results.load(run_dir))
+    assert s["jct"]["iterations"] == [] and s["jct"]["incomplete_iterations"] == [0]
+    assert "mean_ratio" not in s["jct"] and s["collectives"]["items"] == []
+    assert not s["run"]["complete"] and "cut short: 0 of 1 iterations finished" in s["run"]["incomplete_because"]
+    story = " ".join(summary_text.narrative(s))
+    assert "The run was cut short: 0 iterations finished on every GPU; iteration 1 did not" in story
 
 
 def test_report_page_and_compare_table(run_dir):

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from testbed.model import pfc, plan
+from testbed.model import pfc as decisions, plan
+from testbed.wire import pfc
 from testbed.config import scenario
 
 # dst 01:80:c2:00:00:01 | src | 0x8808 | opcode 0x0101 | vector 0x0008 (priority 3) |
@@ -52,13 +53,18 @@ def test_pause_time_is_512_bit_times_per_quantum():
 
 def test_feeders_follow_the_routes():
     p = plan.build(scenario.load("leaf-spine"), "user")
-    assert pfc.feeders(p, "leaf1", 1) == (2, 3, 4, 5, 6, 7, 8)  # to h1: other hosts and every uplink
-    assert pfc.feeders(p, "leaf1", 5) == (1, 2, 3, 4)  # uplink: only local hosts, never another uplink
-    assert pfc.feeders(p, "spine1", 1) == (3, 4)  # toward leaf1: the links from leaf2 only
+    feeders = {pq.intf: pq.feeders for pq in p.queues}
+    # to h1: other hosts and every uplink
+    assert feeders["leaf1-eth1"] == ("leaf1-eth2", "leaf1-eth3", "leaf1-eth4", "leaf1-eth5", "leaf1-eth6",
+                                     "leaf1-eth7", "leaf1-eth8")
+    assert feeders["leaf1-eth5"] == ("leaf1-eth1", "leaf1-eth2", "leaf1-eth3", "leaf1-eth4")  # never another uplink
+    assert feeders["spine1-eth1"] == ("spine1-eth3", "spine1-eth4")  # toward leaf1: the links from leaf2 only
+    # without PFC nothing is paused
+    assert all(pq.feeders == () for pq in plan.build(scenario.load("leaf-spine", ["queues.pfc=off"]), "user").queues)
 
 
 def test_hysteresis_pauses_refreshes_and_resumes():
-    h = pfc.Hysteresis(xoff_bytes=100_000, xon_bytes=97_000, pause_emulated_ns=1_000)
+    h = decisions.Hysteresis(xoff_bytes=100_000, xon_bytes=97_000, pause_emulated_ns=1_000)
     assert h.update(50_000, now_ns=0) is None
     assert h.update(100_001, now_ns=10) == "xoff"
     assert h.update(120_000, now_ns=200) is None  # still paused

@@ -9,6 +9,7 @@ from conftest import GOLDEN
 from testbed.model import plan
 from testbed.config import scenario
 from testbed.units import Dilation
+from testbed.views.digest import digest
 
 CASES = ["default", "leaf-spine", "incast", "rail-32", "topologies/tor-2x4.yaml", "topologies/leaf-spine-oversub.yaml"]
 
@@ -19,13 +20,27 @@ def build(ref, *overrides):
 
 @pytest.mark.parametrize("ref", CASES)
 def test_plan_golden(ref):
-    """Links, ports, addresses, routes: any change to the plan shows up here
-    (regenerate with TESTBED_REGEN_GOLDEN=1 and review the diff)."""
-    got = build(ref).to_dict()
-    path = GOLDEN / "plans" / (ref.replace("topologies/", "topology-").replace(".yaml", "") + ".json")
+    """Counts, per-port queue settings, routes and per-step bytes: any change to the plan
+    shows up as a diff of this short text. TESTBED_REGEN_GOLDEN=1 rewrites the file and
+    fails, so a regeneration is always reviewed (git diff) and rerun, never passed."""
+    got = digest(build(ref))
+    path = GOLDEN / "plans" / (ref.replace("topologies/", "topology-").replace(".yaml", "") + ".txt")
     if os.environ.get("TESTBED_REGEN_GOLDEN"):
-        path.write_text(json.dumps(got, indent=1) + "\n")
-    assert json.loads(json.dumps(got)) == json.loads(path.read_text())
+        path.write_text(got)
+        pytest.fail(f"regenerated {path.name}: review it with git diff, then rerun without TESTBED_REGEN_GOLDEN")
+    assert got == path.read_text()
+
+
+def test_plan_json_holds_the_whole_plan():
+    """plan.json is the run's one plan: queues with their PFC feeders, the training
+    schedule with its ideal, and the telemetry settings are in it, as built."""
+    p = build("default")
+    d = json.loads(json.dumps(p.to_dict()))
+    assert [q["intf"] for q in d["queues"]] == [pq.intf for pq in p.queues]
+    assert d["queues"][0]["feeders"] == list(p.queues[0].feeders) != []
+    assert d["training"]["ideal"] == p.training.ideal and d["training"]["iterations"] == 3
+    assert sum(len(v) for v in d["training"]["ops"].values()) == sum(len(v) for v in p.training.ops.values()) == 720
+    assert d["telemetry"] == {"interval_real_ns": 10_000, "interval_emulated_ns": 10_000 * p.dilation.factor}
 
 
 def test_rail_optimised_puts_gpu_k_of_every_server_on_rail_leaf_k():

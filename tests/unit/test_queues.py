@@ -4,17 +4,18 @@ import struct
 
 import pytest
 
+from testbed.wire import bpfmaps
 from testbed.model import plan, queues
 from testbed.config import scenario
 
 
 def ports(ref="default", *overrides):
-    return queues.plan_queues(plan.build(scenario.load(ref, list(overrides)), "user"))
+    return plan.build(scenario.load(ref, list(overrides)), "user").queues
 
 
 def test_every_switch_port_gets_a_queue():
     p = plan.build(scenario.load("default"), "user")
-    got = {(pq.switch, pq.port) for pq in queues.plan_queues(p)}
+    got = {(pq.switch, pq.port) for pq in p.queues}
     want = set()
     for link in p.fabric_links:
         want.add((link.b, link.b_port))
@@ -43,17 +44,17 @@ def test_scenario_values_win_and_off_switches():
     assert (pq.kmin_bytes, pq.kmax_bytes, pq.pfc, pq.buffer_bytes) == (10_000, 10_000, False, 4_000_000)
     (off,) = [q for q in ports("default", "queues.ecn=off") if q.intf == "leaf1-eth1"]
     assert not off.ecn
-    assert struct.unpack(queues.CFG_FORMAT, queues.marker_cfg(off))[3:6] == (queues.ECN_OFF, queues.ECN_OFF, 0)
+    assert struct.unpack(bpfmaps.CFG_FORMAT, bpfmaps.marker_cfg(off))[3:6] == (bpfmaps.ECN_OFF, bpfmaps.ECN_OFF, 0)
 
 
 def test_marker_cfg_layout_matches_bpf_struct():
     (pq,) = [q for q in ports() if q.intf == "leaf1-eth1"]
-    raw = queues.marker_cfg(pq)
-    assert len(raw) == 56 == queues.CFG_SIZE
+    raw = bpfmaps.marker_cfg(pq)
+    assert len(raw) == 56 == bpfmaps.CFG_SIZE
     assert struct.unpack("=7Q", raw) == (8_000_000, 3 * 4214, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 0)
-    assert struct.unpack("=7Q", queues.marker_cfg(pq, paused=True))[6] == 1
-    assert queues.STATE_SIZE == 104  # 12 counters + the spin lock, padded (bpftool: value 104B)
-    state = queues.marker_state(struct.pack("=12Q8x", *range(12)))
+    assert struct.unpack("=7Q", bpfmaps.marker_cfg(pq, paused=True))[6] == 1
+    assert bpfmaps.STATE_SIZE == 104  # 12 counters + the spin lock, padded (bpftool: value 104B)
+    state = bpfmaps.marker_state(struct.pack("=12Q8x", *range(12)))
     assert state["marked"] == 6 and state["prev_max_depth_bytes"] == 10 and state["control_packets"] == 11
 
 

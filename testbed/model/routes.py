@@ -1,0 +1,148 @@
+"""Routing as pure data: each switch's proactive routes (ECMP where several shortest paths
+exist), longest-prefix match over them, the shortest paths between two GPUs, and the
+fabric's max-flow (bisection bandwidth)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Route:
+    """On ``switch``, packets to ``prefix`` leave by one of ``ports`` (ECMP when several)."""
+
+    switch: str
+    prefix: str
+    ports: tuple
+
+
+def compute(switches, hosts, links, leaves) -> list[Route]:
+    """Per switch: /32 to each attached GPU, and per other leaf's /24 every port on a
+    shortest path toward that leaf (ECMP)."""
+    adj: dict = {s.name: [] for s in switches}  # name -> [(port, neighbour)]
+    for link in links:
+        if link.kind == "uplink":
+            adj[link.a].append((link.a_port, link.b))
+            adj[link.b].append((link.b_port, link.a))
+    order = {s.name: i for i, s in enumerate(switches)}
+    routes = [Route(h.leaf, f"{h.addr}/32", (h.leaf_port,)) for h in sorted(hosts, key=lambda h: order[h.leaf])]
+    for li, dest in enumerate(leaves):
+        dist = {dest.name: 0}
+        queue = deque([dest.name])
+        while queue:
+            u = queue.popleft()
+            for _, v in adj[u]:
+                if v not in dist:
+                    dist[v] = dist[u] + 1
+                    queue.append(v)
+        prefix = f"10.0.{li + 1}.0/24"
+        for s in switches:
+            if s.name == dest.name or s.name not in dist:
+                continue
+            ports = tuple(sorted(p for p, v in adj[s.name] if dist.get(v) == dist[s.name] - 1))
+            routes.append(Route(s.name, prefix, ports))
+    return routes
+
+
+class Table:
+    """Longest-prefix match over every switch's routes, with the prefixes as integers (a
+    plan of a thousand GPUs asks it millions of times)."""
+
+    def __init__(self, routes):
+        self.by_switch: dict[str, dict[int, dict[int, tuple]]] = {}
+        for r in routes:
+            net = ipaddress.ip_network(r.prefix)
+            self.by_switch.setdefault(r.switch, {}).setdefault(net.prefixlen, {})[int(net.network_address)] = r.ports
+        self.lengths = {sw: sorted(by_len, reverse=True) for sw, by_len in self.by_switch.items()}
+
+    def ports(self, switch: str, addr: str | int) -> tuple:
+        """The ports of ``switch`` toward ``addr`` (empty: no route)."""
+        ip = int(ipaddress.ip_address(addr)) if isinstance(addr, str) else addr
+        by_len = self.by_switch.get(switch)
+        if not by_len:
+            return ()
+        for length in self.lengths[switch]:
+            ports = by_len[length].get(ip & (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF)
+            if ports is not None:
+                return ports
+        return ()
+
+
+def lookup(routes, addr: str) -> tuple:
+    """Longest-prefix match over one switch's routes: the ports toward ``addr``."""
+    ip = ipaddress.ip_address(addr)
+    best = None
+    for r in routes:
+        net = ipaddress.ip_network(r.prefix)
+        if ip in net and (best is None or net.prefixlen > best[0]):
+            best = (net.prefixlen, r.ports)
+    return best[1] if best else ()
+
+
+def paths(table: Table, fabric_links, src, dst, max_hops: int, limit: int = 64) -> list:
+    """All shortest fabric paths from GPU ``src`` to GPU ``dst`` (plan Hosts) following the
+    routes, each a list of (node, out_interface) hops ending with (dst, None)."""
+    if src.name == dst.name:
+        return []
+    by_port = {}
+    for link in fabric_links:
+        by_port[(link.a, link.a_port)] = link.b
+        by_port[(link.b, link.b_port)] = link.a
+    found = []
+
+    def walk(node, hops):
+        if len(found) >= limit:
+            return
+        if node == dst.name:
+            found.append(hops + [(node, None)])
+            return
+        if len(hops) > max_hops:
+            raise AssertionError(f"routing loop from {src.name} to {dst.name}: {hops}")
+        for port in table.ports(node, dst.addr):
+            walk(by_port[(node, port)], hops + [(node, f"{node}-eth{port}")])
+
+    walk(src.leaf, [(src.name, f"{src.name}-eth0")])
+    return found
+
+
+def max_flow(links, sources, sinks) -> int:
+    """Edmonds-Karp on full-duplex links (each direction has the link's capacity)."""
+    cap: dict = {}
+
+    def arc(u, v, c):
+        cap.setdefault(u, {}).setdefault(v, 0)
+        cap.setdefault(v, {}).setdefault(u, 0)
+        cap[u][v] += c
+
+    for link in links:
+        arc(link.a, link.b, link.rate_bps)
+        arc(link.b, link.a, link.rate_bps)
+    big = sum(link.rate_bps for link in links) + 1
+    for h in sources:
+        arc("<src>", h, big)
+    for h in sinks:
+        arc(h, "<dst>", big)
+    total = 0
+    while True:
+        parent = {"<src>": None}
+        queue = deque(["<src>"])
+        while queue and "<dst>" not in parent:
+            u = queue.popleft()
+            for v, c in cap[u].items():
+                if c > 0 and v not in parent:
+                    parent[v] = u
+                    queue.append(v)
+        if "<dst>" not in parent:
+            return total
+        v, bottleneck = "<dst>", big
+        while parent[v] is not None:
+            bottleneck = min(bottleneck, cap[parent[v]][v])
+            v = parent[v]
+        v = "<dst>"
+        while parent[v] is not None:
+            cap[parent[v]][v] -= bottleneck
+            cap[v][parent[v]] += bottleneck
+            v = parent[v]
+        total += bottleneck

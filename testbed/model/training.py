@@ -1,0 +1,83 @@
+"""The training part of the run plan: each GPU's ops, the collectives with their analytical
+ideal, the ranks, and the transport settings every agent runs with (pure data).
+
+``schedule`` decides what each GPU does; this module fixes it for one fabric: the link
+rates the ideal is computed at, the propagation the ideal counts when cable delay is
+emulated, and the ideal of one whole iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.model import schedule
+
+RTO_REAL_NS = 128_000  # RoCE retransmission timeout in real time (x dilation in the emulation)
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    ops: dict  # GPU name -> tuple of schedule.Op
+    collectives: tuple  # dicts: id, iteration, phase, algorithm, bytes, ranks, gpus, ideal_ns, ...
+    ideal: dict  # one iteration's analytical ideal, real ns, and what it is made of
+    ranks: dict  # GPU name -> {"rank", "stage", "dp", "tp"}
+    transport: dict  # what every agent runs with: MTU, DCQCN and its parameters, RTO, line rates
+    iterations: int
+
+    def to_dict(self) -> dict:
+        return {"iterations": self.iterations, "ideal": self.ideal, "transport": self.transport,
+                "ranks": self.ranks, "collectives": list(self.collectives), "ops": schedule.to_json(self.ops)}
+
+
+def plan_training(plan, workload, table) -> TrainingPlan:
+    """The schedule of ``workload`` on ``plan``'s GPUs; ``table`` is the plan's route table."""
+    link_bps = plan.scenario.fabric.host_link.rate_bps
+    nvlink_bps = plan.scenario.fabric.nvlink_rate_bps
+    lay = schedule.layout(workload, plan.hosts)
+    latency_ns = max_ring_propagation_ns(plan, lay.dp_groups[(0, 0)], table) if plan.link_delay else 0
+    ops, collectives = schedule.build_plan(workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
+    ranks = {name: {"rank": r, "stage": lay.stage[name], "dp": lay.dp_rank[name], "tp": lay.tp_rank[name]}
+             for r, name in enumerate(lay.order)}
+    transport = {"mtu_bytes": workload.mtu_bytes, "dcqcn": workload.dcqcn,
+                 "dcqcn_params": dict(workload.dcqcn_params), "rto_ns": RTO_REAL_NS,
+                 "fabric_line_bps": link_bps, "nvlink_line_bps": nvlink_bps}
+    return TrainingPlan(ops={k: tuple(v) for k, v in ops.items()}, collectives=tuple(collectives),
+                        ideal=ideal(workload, collectives, link_bps, latency_ns), ranks=ranks, transport=transport,
+                        iterations=workload.iterations)
+
+
+def ideal(workload, collectives, link_bps: float, latency_ns: float) -> dict:
+    """Real-time ideal of one iteration without overlap: the compute on the critical path
+    (for a pipeline, (micro-batches + stages - 1) forward/backward slots: the GPipe/1F1B
+    bubble), the tensor-parallel AllReduces of one rank, and one data-parallel group's
+    collectives."""
+    wl = workload
+    first = [c for c in collectives if c["iteration"] == 0]
+    dp = [c["ideal_ns"] for c in first if c["phase"] == "dp" and c.get("stage", 0) == 0
+          and c.get("tp_rank", 0) == 0]
+    if wl.pipeline > 1:
+        compute = (wl.micro_batches + wl.pipeline - 1) * wl.compute_ns
+        tp_count = 2 * wl.micro_batches
+    else:
+        compute, tp_count = wl.compute_ns, 2
+    tp = [c["ideal_ns"] for c in first if c["phase"] == "tp"][:1] * tp_count if wl.tensor > 1 else []
+    return {"link_bps": link_bps, "step_latency_ns": latency_ns, "compute_ns": compute,
+            "tensor_parallel_ns": sum(tp), "data_parallel_ns": sum(dp),
+            "iteration_ns": compute + sum(tp) + sum(dp)}
+
+
+def max_ring_propagation_ns(plan, order: list, table) -> int:
+    """Cable delay along the longest path between neighbours of a data-parallel ring."""
+    delay = {frozenset((link.a, link.b)): link.delay_ns for link in plan.fabric_links}
+    worst = 0
+    for i, a in enumerate(order):
+        b = order[(i + 1) % len(order)]
+        if b == a:
+            continue
+        path = plan.ecmp_paths(a, b, limit=1, table=table)[0]
+        names = [hop[0] for hop in path]
+        worst = max(worst, sum(delay.get(frozenset(pair), 0) for pair in zip(names, names[1:])))
+    return worst
+
+
+

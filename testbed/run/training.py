@@ -1,0 +1,46 @@
+"""The train stage: the plan's workload on the GPU agents, with progress on the terminal,
+and the training's results (``training.json``) from their records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from testbed import units
+from testbed.analysis.training import load_records, summarise
+from testbed.apply.agents import Agents
+from testbed.views.progress import Progress
+
+LOG = logging.getLogger(__name__)
+HANG_GUARD_RATIO = 20  # the agents' deadline: 20x the ideal, at least HANG_GUARD_MIN_S (a guard, not a bound)
+HANG_GUARD_MIN_S = 120.0
+
+
+def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
+    """Runs the training to the end; writes training.json and returns its headline."""
+    tp, wl = plan.training, plan.scenario.workload
+    t0 = time.monotonic()
+    records_dir = run_dir / "agents"
+    ideal_emulated_s = tp.iterations * plan.dilation.duration_ns(tp.ideal["iteration_ns"]) / 1e9
+    progress = None
+    try:
+        with Agents(fab, list(tp.ops), plan_path, records_dir, record) as agents:
+            LOG.info("training: %d GPUs (DP %d x PP %d x TP %d), %d iterations; gradients %s by %s; ideal %s per "
+                     "iteration (%.1fs emulated in all)", len(tp.ops), wl.data, wl.pipeline, wl.tensor,
+                     tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
+                     units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
+            progress = Progress(tp.ops, records_dir, tp.iterations)
+            agents.train(timeout_s=max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s), progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+        # after the agents have exited: their per-QP counters are the last lines they write
+        timings["training"] = round(time.monotonic() - t0, 3)
+        summary = summarise(load_records(records_dir), plan.training.to_dict(), plan.dilation.factor)
+        (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    t = summary["transport"]
+    LOG.info("training done: %d iterations, %d packets, %d retransmitted, %d CNPs", len(summary["iterations"]),
+             t["packets_sent"], t["retransmitted"], t["cnps_sent"])
+    return {"iterations": len(summary["iterations"]), "collectives": len(summary["collectives"]),
+            "records": "agents", "summary": "training.json"}

@@ -1,0 +1,55 @@
+"""The BPF maps' values as bytes: the marker's per-port ``struct cfg`` and ``struct state``
+(``bpf/marker.c``) and the PFC process's ``struct pfc_counters``, with the shadow queue's
+drain between packets. The layouts must match ``bpf/marker.c``."""
+
+from __future__ import annotations
+
+import struct
+
+ECN_OFF = 2 ** 64 - 1
+PMAX_ONE = 2 ** 32
+
+# bpf/marker.c: struct cfg (7 x u64) and struct state (12 x u64 + spin lock, padded)
+CFG_FORMAT = "=7Q"
+CFG_SIZE = struct.calcsize(CFG_FORMAT)
+STATE_FORMAT = "=12Q8x"
+STATE_SIZE = struct.calcsize(STATE_FORMAT)
+# struct pfc_counters (testbed_pfc, written by testbed.apply.pfc, read by the collector)
+PFC_FORMAT = "=6Q"
+PFC_SIZE = struct.calcsize(PFC_FORMAT)
+PFC_FIELDS = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "paused_since_ns",
+              "headroom_high_water_bytes")
+STATE_FIELDS = ("depth_bytes", "tokens_bytes", "last_ns", "packets", "bytes", "ect", "marked", "drops",
+                "max_depth_bytes", "epoch", "prev_max_depth_bytes", "control_packets")
+
+
+def marker_cfg(pq, paused: bool = False) -> bytes:
+    """``struct cfg`` of bpf/marker.c for a port."""
+    if pq.ecn:
+        kmin, kmax, pmax = pq.kmin_bytes, pq.kmax_bytes, int(round(pq.pmax * PMAX_ONE))
+    else:
+        kmin = kmax = ECN_OFF
+        pmax = 0
+    return struct.pack(CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes, pq.buffer_bytes, kmin, kmax, pmax,
+                       int(paused))
+
+
+def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> float:
+    """The shadow queue drained up to ``now_ns`` (CLOCK_MONOTONIC, the BPF clock): the
+    program only updates it when a packet passes."""
+    elapsed = max(0, now_ns - state["last_ns"])
+    return max(0.0, state["depth_bytes"] - elapsed * emulated_rate_bps / 8e9)
+
+
+def marker_state(raw: bytes) -> dict:
+    """``struct state`` of bpf/marker.c as a dict."""
+    return dict(zip(STATE_FIELDS, struct.unpack(STATE_FORMAT, raw)))
+
+
+def pfc_counters(raw: bytes) -> dict:
+    """``struct pfc_counters`` of bpf/marker.c as a dict."""
+    return dict(zip(PFC_FIELDS, struct.unpack(PFC_FORMAT, raw)))
+
+
+def pack_pfc_counters(**fields) -> bytes:
+    return struct.pack(PFC_FORMAT, *(int(fields.get(k, 0)) for k in PFC_FIELDS))
