@@ -33,7 +33,8 @@ from testbed.model import plan as planning
 from testbed.config import scenario
 from testbed.apply.queues import EgressQueues
 from testbed.apply.fabric import MininetFabric, build_topo
-from testbed.apply.process import Controller, free_tcp_port
+from testbed.apply.controller import Controller
+from testbed.apply.process import free_tcp_port
 
 
 def time_testbed(p, datapath, work: Path) -> tuple[float, float]:

@@ -30,12 +30,11 @@ from collections import defaultdict, deque
 from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
-from testbed.agent.dcqcn import Params, ReactionPoint
+from testbed.agent.dcqcn import Params
+from testbed.agent.channel import Channel, Nic
 from testbed.agent.config import from_plan
-from testbed.agent.transport import RecvQP, SendQP
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
-TX_BUFFER_BYTES = 4 * 1024 * 1024
 MAX_RX_BATCH = 256
 IDLE_WAKE_NS = 50_000_000
 # counter names (count, summed lateness, worst lateness) in the NIC record, for Agent.late
@@ -43,58 +42,30 @@ TX_LATE = ("tx_count", "tx_late_ns", "tx_late_max_ns")
 TIMER_LATE = ("timer_count", "timer_late_ns", "timer_late_max_ns")
 
 
-class Nic:
-    def __init__(self, link: str, spec: dict):
-        self.link, self.intf, self.line_bps = link, spec["intf"], spec["line_bps"]
-        self.me = roce.Endpoint(spec["mac"], spec["ip"])
-        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, TX_BUFFER_BYTES)
-        self.sock.bind((spec["intf"], 0))
-        self.free_ns = 0  # the NIC's serializer is busy until then (emulated)
-        self.blocked = 0
-
-    def send(self, frame: bytes):
-        try:
-            self.sock.send(frame)
-        except BlockingIOError:
-            self.blocked += 1
+def open_rx() -> socket.socket:
+    """The UDP 4791 socket every RoCE datagram to this GPU arrives on (fabric and NVLink
+    addresses), with the TOS of each (so CE marks are seen)."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RX_BUFFER_BYTES)
+    rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    rx.bind(("0.0.0.0", roce.ROCE_UDP_PORT))
+    rx.setblocking(False)
+    return rx
 
 
-class Channel:
-    """The reliable connection to one peer over one NIC."""
-
-    def __init__(self, agent: "Agent", peer: str, p: dict, nic: Nic):
-        self.peer, self.nic = peer, nic
-        bit = roce.NVLINK_QPN_BIT if nic.link == "nvlink" else 0
-        mine, theirs = roce.qpn(agent.index, p["index"]) | bit, roce.qpn(p["index"], agent.index) | bit
-        addr = p if nic.link == "fabric" else {"mac": p["nvlink_mac"], "ip": p["nvlink_ip"]}
-        self.remote = roce.Endpoint(addr["mac"], addr["ip"])
-        self.sport, self.dqpn = roce.udp_source_port(mine, theirs), theirs
-        self.data = {}  # payload length -> FrameTemplate
-        self.ack = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.AETH_LEN, roce.DSCP_CONTROL, 0)
-        self.cnp = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.CNP_PAD_LEN, roce.DSCP_CNP, 0)
-        self.sendq, self.recvq = SendQP(agent.mtu), RecvQP()
-        self.rp = ReactionPoint(nic.line_bps, 0, agent.params, enabled=agent.cfg["dcqcn"] and nic.link == "fabric")
-        self.next_tx_ns = 0
-        self.tx_since_ns = None  # when this channel last went from nothing to send to something
-        self.last_cnp_ns = None
-        self.counters = defaultdict(int)
-        self.recv_ops = deque()  # posted receives (op ids), in order
-        self.arrivals = deque()  # arrival times of messages no receive has taken yet
-        self.send_ops = {}  # message number -> op id
-
-    def data_frame(self, pkt, payload: bytes) -> bytes:
-        tmpl = self.data.get(pkt.payload)
-        if tmpl is None:
-            tmpl = self.data[pkt.payload] = roce.FrameTemplate(self.nic.me, self.remote, self.sport, self.dqpn,
-                                                               pkt.payload, roce.DSCP_DATA, roce.ECT0)
-        body = payload if pkt.payload == len(payload) else payload[:pkt.payload]
-        return tmpl.frame(pkt.opcode, pkt.psn & roce.PSN_MASK, pkt.ackreq, body)
+def wait_readable(socks, timeout_s: float):
+    select.select(socks, [], [], timeout_s)
 
 
 class Agent:
-    def __init__(self, cfg: dict):
+    """The GPU's event loop. ``clock`` (CLOCK_MONOTONIC ns), ``wait`` (sleep until a socket
+    is readable or the timeout passes) and the socket openers are parameters so the loop
+    runs against a fake clock and fake sockets in the unit tests."""
+
+    def __init__(self, cfg: dict, clock=time.monotonic_ns, wait=wait_readable, open_nic=Nic, open_rx=open_rx,
+                 open_pause=pfc.open_socket):
         self.cfg = cfg
+        self.clock, self.wait = clock, wait
         self.name, self.index = cfg["gpu"], cfg["index"]
         self.d = Dilation(cfg["dilation"])
         self.mtu = cfg["mtu_bytes"]
@@ -103,14 +74,10 @@ class Agent:
         self.out = open(cfg["records"], "w", buffering=1)
         self.payload = bytes(self.mtu)
         self.params = Params(**cfg.get("dcqcn_params", {}))
-        self.nics = {link: Nic(link, spec) for link, spec in cfg["nics"].items()}
-        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RX_BUFFER_BYTES)
-        self.rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
-        self.rx.bind(("0.0.0.0", roce.ROCE_UDP_PORT))  # fabric and NVLink addresses
-        self.rx.setblocking(False)
+        self.nics = {link: open_nic(link, spec) for link, spec in cfg["nics"].items()}
+        self.rx = open_rx()
         # PFC from the leaf: the fabric NIC stops the data class (control frames still go)
-        self.pause = pfc.open_socket(cfg["nics"]["fabric"]["intf"])
+        self.pause = open_pause(cfg["nics"]["fabric"]["intf"])
         self.paused_until_ns = 0
         self.paused_since_ns = None
         self.nic_counters = defaultdict(int)
@@ -148,125 +115,149 @@ class Agent:
             self.record(type="rate", t_ns=now, peer=ch.peer, link=ch.nic.link, rate_bps=ch.rp.rate_bps,
                         alpha=ch.rp.alpha)
 
-    # -- the run ---------------------------------------------------------------------------
-    def run(self, start_ns: int, deadline_ns: int) -> int:
+    # -- the run: one pass of the loop is ready ops, compute timers, receive, timers, transmit
+    def prepare(self, start_ns: int):
         self.start_ns = start_ns
-        ops = {op["id"]: op for op in self.ops}
-        self.state = {i: "waiting" for i in ops}
-        self.ready_at, self.first_tx = {}, {}
-        self.remaining = len(ops)
-        self.op_by_id = ops
-        compute_end = {}
-        pending = deque(ops)
+        self.op_by_id = {op["id"]: op for op in self.ops}
+        self.state = {i: "waiting" for i in self.op_by_id}
+        self.ready_at, self.first_tx, self.compute_end = {}, {}, {}
+        self.remaining = len(self.op_by_id)
+        self.pending = deque(self.op_by_id)
         # a connection's messages are matched in planned order: post its sends and receives so
-        planned = defaultdict(deque)
+        self.planned = defaultdict(deque)
         for op in self.ops:
             if op["kind"] != "compute":
-                planned[(op["peer"], op.get("link", "fabric"), op["kind"])].append(op["id"])
-        rto_ns = int(self.d.duration_ns(self.rto_real_ns))
-        while time.monotonic_ns() < start_ns:
-            time.sleep(max(0.0, (start_ns - time.monotonic_ns()) / 1e9))
+                self.planned[(op["peer"], op.get("link", "fabric"), op["kind"])].append(op["id"])
+        self.rto_ns = int(self.d.duration_ns(self.rto_real_ns))
+
+    def run(self, start_ns: int, deadline_ns: int) -> int:
+        self.prepare(start_ns)
+        while self.clock() < start_ns:
+            time.sleep(max(0.0, (start_ns - self.clock()) / 1e9))
         while self.remaining:
-            now = time.monotonic_ns()
+            now = self.clock()
             if now > deadline_ns:
                 self.record(type="abort", reason="deadline", t_ns=now,
-                            waiting=[{"id": i, "kind": ops[i]["kind"], "peer": ops[i]["peer"]}
+                            waiting=[{"id": i, "kind": self.op_by_id[i]["kind"], "peer": self.op_by_id[i]["peer"]}
                                      for i, s in self.state.items() if s != "done"][:20])
                 return 4
-            # 1. ops whose dependencies are done start
-            progressed = True
-            while progressed:
-                progressed = False
-                for _ in range(len(pending)):
-                    op_id = pending.popleft()
-                    op = ops[op_id]
-                    if not all(self.state[d] == "done" for d in op["deps"]):
-                        pending.append(op_id)
-                        continue
-                    if op["kind"] != "compute":
-                        key = (op["peer"], op.get("link", "fabric"), op["kind"])
-                        if planned[key][0] != op_id:
-                            pending.append(op_id)  # an earlier message on this connection goes first
-                            continue
-                        planned[key].popleft()
-                    self.ready_at[op_id] = now
-                    self.state[op_id] = "running"
-                    progressed = True
-                    if op["kind"] == "compute":
-                        compute_end[op_id] = now + int(self.d.duration_ns(op["duration_ns"]))
-                    else:
-                        ch = self.channels[(op["peer"], op.get("link", "fabric"))]
-                        if op["kind"] == "send":
-                            ch.send_ops[ch.sendq.post(op["bytes"])] = op_id
-                        else:
-                            ch.recv_ops.append(op_id)
-                            self.match_recv(ch)
-            for op_id, end in list(compute_end.items()):
-                if now >= end:
-                    del compute_end[op_id]
-                    self.finish(op_id, end)
-                    self.late(TIMER_LATE, now - end)
-            # 2. receive
-            self.receive(now)
-            self.receive_pause(now)
-            # 3. timers: DCQCN (real time) and retransmission
-            real_now = self.real_ns(now)
-            for ch in self.channels.values():
-                before = ch.rp.rate_bps
-                ch.rp.tick(real_now)
-                self.note_rate(ch, before, now)
-                if ch.sendq.check_timeout(now, rto_ns):
-                    self.record(type="timeout", t_ns=now, peer=ch.peer, link=ch.nic.link)
-            # 4. transmit: one packet per eligible channel per pass, each NIC at its line rate;
-            # the fabric NIC holds data while the leaf pauses it (PFC)
-            next_wake = min(compute_end.values(), default=now + IDLE_WAKE_NS)
-            paused = now < self.paused_until_ns
-            if paused:
-                next_wake = min(next_wake, self.paused_until_ns)
-            else:
-                self.resume(now)
-            for ch in self.channels.values():
-                q = ch.sendq
-                if not q.has_pending():
-                    ch.tx_since_ns = None
-                    continue
-                if ch.tx_since_ns is None:
-                    ch.tx_since_ns = now  # packets are due from when there are any to send
-                if paused and ch.nic.link == "fabric":
-                    continue
-                nic = ch.nic
-                ready_ns = max(ch.next_tx_ns, nic.free_ns)
-                if ready_ns > now:
-                    next_wake = min(next_wake, ready_ns)
-                    continue
-                pkt = q.peek()
-                frame = ch.data_frame(pkt, self.payload)
-                nic.send(frame)
-                line_gap_ns = self.gap_ns(len(frame), nic.line_bps)
-                self.late(TX_LATE, now - max(ready_ns, ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0))
-                self.nic_counters["tx_gap_ns"] += line_gap_ns
-                q.sent(pkt, now)
-                op_id = ch.send_ops.get(pkt.message)
-                if op_id is not None:
-                    self.first_tx.setdefault(op_id, now)
-                before = ch.rp.rate_bps
-                ch.rp.on_sent(len(frame), real_now)
-                self.note_rate(ch, before, now)
-                # a late wake-up may catch up by at most two packets (a bounded burst)
-                slack = 2 * line_gap_ns
-                ch.next_tx_ns = max(ch.next_tx_ns, now - slack) + self.gap_ns(len(frame), ch.rp.rate_bps)
-                nic.free_ns = max(nic.free_ns, now - slack) + line_gap_ns
-                next_wake = min(next_wake, max(ch.next_tx_ns, nic.free_ns))
-            for ch in self.channels.values():
-                q = ch.sendq
-                if q.unacked and q.last_progress_ns is not None:
-                    next_wake = min(next_wake, q.last_progress_ns + rto_ns)
-                if ch.rp.active:
-                    next_wake = min(next_wake, self.start_ns + int(self.d.duration_ns(ch.rp.next_event_ns())))
-            timeout = max(0.0, (next_wake - time.monotonic_ns()) / 1e9)
+            timeout = max(0.0, (self.step(now) - self.clock()) / 1e9)
             if timeout > 0:
-                select.select([self.rx, self.pause], [], [], min(timeout, 0.05))
+                self.wait([self.rx, self.pause], min(timeout, 0.05))
         return 0
+
+    def step(self, now: int) -> int:
+        """One pass of the loop at ``now``; returns when the next thing is due. Ops that
+        what just finished (a compute timer, an arrival, an ACK) unblocks start in the same
+        pass: started on the next pass, they waited for a packet or the idle wake-up."""
+        self.end_compute(now)
+        self.receive(now)
+        self.receive_pause(now)
+        self.start_ready_ops(now)
+        self.tick_timers(now)
+        return self.transmit(now)
+
+    def start_ready_ops(self, now: int):
+        """Ops whose dependencies are done start (a connection's messages in planned order)."""
+        progressed = True
+        while progressed:
+            progressed = False
+            for _ in range(len(self.pending)):
+                op_id = self.pending.popleft()
+                op = self.op_by_id[op_id]
+                if not all(self.state[d] == "done" for d in op["deps"]):
+                    self.pending.append(op_id)
+                    continue
+                if op["kind"] != "compute":
+                    key = (op["peer"], op.get("link", "fabric"), op["kind"])
+                    if self.planned[key][0] != op_id:
+                        self.pending.append(op_id)  # an earlier message on this connection goes first
+                        continue
+                    self.planned[key].popleft()
+                self.ready_at[op_id] = now
+                self.state[op_id] = "running"
+                progressed = True
+                if op["kind"] == "compute":
+                    self.compute_end[op_id] = now + int(self.d.duration_ns(op["duration_ns"]))
+                    continue
+                ch = self.channels[(op["peer"], op.get("link", "fabric"))]
+                if op["kind"] == "send":
+                    ch.send_ops[ch.sendq.post(op["bytes"])] = op_id
+                else:
+                    ch.recv_ops.append(op_id)
+                    self.match_recv(ch)
+
+    def end_compute(self, now: int):
+        for op_id, end in list(self.compute_end.items()):
+            if now >= end:
+                del self.compute_end[op_id]
+                self.finish(op_id, end)
+                self.late(TIMER_LATE, now - end)
+
+    def tick_timers(self, now: int):
+        """DCQCN (real time) and retransmission timeouts."""
+        real_now = self.real_ns(now)
+        for ch in self.channels.values():
+            before = ch.rp.rate_bps
+            ch.rp.tick(real_now)
+            self.note_rate(ch, before, now)
+            if ch.sendq.check_timeout(now, self.rto_ns):
+                self.record(type="timeout", t_ns=now, peer=ch.peer, link=ch.nic.link)
+
+    def transmit(self, now: int) -> int:
+        """One packet per eligible channel, each NIC at its line rate, each channel at its
+        DCQCN rate; the fabric NIC holds data while the leaf pauses it (PFC). Returns the
+        next wake: a packet, a compute end, a pause end, a retransmission or DCQCN timer."""
+        next_wake = min(self.compute_end.values(), default=now + IDLE_WAKE_NS)
+        paused = now < self.paused_until_ns
+        if paused:
+            next_wake = min(next_wake, self.paused_until_ns)
+        else:
+            self.resume(now)
+        real_now = self.real_ns(now)
+        for ch in self.channels.values():
+            q = ch.sendq
+            if not q.has_pending():
+                ch.tx_since_ns = None
+                continue
+            if ch.tx_since_ns is None:
+                ch.tx_since_ns = now  # packets are due from when there are any to send
+            if paused and ch.nic.link == "fabric":
+                continue
+            ready_ns = max(ch.next_tx_ns, ch.nic.free_ns)
+            if ready_ns > now:
+                next_wake = min(next_wake, ready_ns)
+                continue
+            next_wake = min(next_wake, self.send_one(ch, now, ready_ns, real_now))
+        for ch in self.channels.values():
+            if ch.sendq.unacked and ch.sendq.last_progress_ns is not None:
+                next_wake = min(next_wake, ch.sendq.last_progress_ns + self.rto_ns)
+            if ch.rp.active:
+                next_wake = min(next_wake, self.start_ns + int(self.d.duration_ns(ch.rp.next_event_ns())))
+        return next_wake
+
+    def send_one(self, ch: Channel, now: int, ready_ns: int, real_now: int) -> int:
+        """The channel's next packet; returns when its next one is due."""
+        nic, q = ch.nic, ch.sendq
+        pkt = q.peek()
+        frame = ch.data_frame(pkt, self.payload)
+        nic.send(frame)
+        line_gap_ns = self.gap_ns(len(frame), nic.line_bps)
+        self.late(TX_LATE, now - max(ready_ns, ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0))
+        self.nic_counters["tx_gap_ns"] += line_gap_ns
+        q.sent(pkt, now)
+        op_id = ch.send_ops.get(pkt.message)
+        if op_id is not None:
+            self.first_tx.setdefault(op_id, now)
+        before = ch.rp.rate_bps
+        ch.rp.on_sent(len(frame), real_now)
+        self.note_rate(ch, before, now)
+        # a late wake-up may catch up by at most two packets (a bounded burst), but never
+        # on time from before the channel had anything to send
+        since = max(now - 2 * line_gap_ns, ch.tx_since_ns)
+        ch.next_tx_ns = max(ch.next_tx_ns, since) + self.gap_ns(len(frame), ch.rp.rate_bps)
+        nic.free_ns = max(nic.free_ns, since) + line_gap_ns
+        return max(ch.next_tx_ns, nic.free_ns)
 
     def finish(self, op_id: int, t: int):
         self.state[op_id] = "done"
@@ -312,7 +303,7 @@ class Agent:
         while True:
             readable, _, _ = select.select([self.rx, control], [], [], 1.0)
             if self.rx in readable:
-                self.receive(time.monotonic_ns())
+                self.receive(self.clock())
             if control in readable and not control.readline():
                 return
 

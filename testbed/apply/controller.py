@@ -15,7 +15,7 @@ STOP_GRACE_S = 5.0
 
 
 class Controller:
-    def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, telemetry: bool = True,
+    def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, telemetry: bool = False,
                  pins: Path | None = None):
         self.run_dir, self.port = run_dir, port
         self.events_path = run_dir / "controller-events.jsonl"

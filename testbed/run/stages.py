@@ -144,7 +144,7 @@ class Run:
         port = free_tcp_port()
         self.ctl = stack.enter_context(Controller(self.plan_path, self.run_dir, port,
                                                   on_start=lambda pid: self.record.add(processes=[pid]),
-                                                  pins=PIN_ROOT / self.run_id))
+                                                  telemetry=True, pins=PIN_ROOT / self.run_id))
         self.ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
         self.t_up = time.monotonic()
         from testbed.apply.fabric import MininetFabric  # Mininet is imported only when a fabric is built

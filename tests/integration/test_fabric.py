@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from testbed.paths import ROOT
 from testbed.apply import capabilities, registry
 from testbed import run
 from testbed.config import scenario
 from testbed.errors import RunError
-from testbed.apply.process import Controller, free_tcp_port, wait_for
+from testbed.apply.controller import Controller
+from testbed.apply.process import free_tcp_port, wait_for
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
@@ -137,7 +139,7 @@ def _default_sigint():
 def _start_held_run(tmp_path) -> tuple[subprocess.Popen, Path, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "leaf-spine", "--results", str(tmp_path),
                              "--hold", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=Path(run.ROOT), text=True, preexec_fn=_default_sigint)
+                            cwd=ROOT, text=True, preexec_fn=_default_sigint)
 
     def up():
         if proc.poll() is not None:
@@ -158,9 +160,9 @@ def test_queues_command_on_a_live_run(tmp_path, clean_slate):
     proc, run_dir, record = _start_held_run(tmp_path)
     try:
         res = subprocess.run([sys.executable, "-m", "testbed", "queues", "--json"], capture_output=True, text=True,
-                             timeout=60, cwd=Path(run.ROOT))
+                             timeout=60, cwd=ROOT)
         text = subprocess.run([sys.executable, "-m", "testbed", "queues"], capture_output=True, text=True,
-                              timeout=60, cwd=Path(run.ROOT))
+                              timeout=60, cwd=ROOT)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
@@ -171,7 +173,7 @@ def test_queues_command_on_a_live_run(tmp_path, clean_slate):
     assert all(r["packets"] > 0 for r in rows if r["peer"].startswith("h"))
     assert text.returncode == 0 and "leaf1-eth1" in text.stdout and "marked" in text.stdout
     after = subprocess.run([sys.executable, "-m", "testbed", "queues"], capture_output=True, text=True, timeout=60,
-                           cwd=Path(run.ROOT))
+                           cwd=ROOT)
     assert after.returncode == 1 and "no run is up" in after.stderr
 
 
@@ -202,7 +204,7 @@ def test_clean_after_sigkill(tmp_path, clean_slate):
     pins = Path("/sys/fs/bpf/testbed") / manifest(run_dir)["run_id"]
     assert (pins / "marker").exists()  # ...and the run's pinned marker
     res = subprocess.run([sys.executable, "-m", "testbed", "clean"], capture_output=True, text=True, timeout=120,
-                         cwd=Path(run.ROOT))
+                         cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert "delete OVS bridge leaf1" in res.stdout
     assert not pins.exists()
@@ -210,7 +212,7 @@ def test_clean_after_sigkill(tmp_path, clean_slate):
         wait_for(lambda: not registry.process_alive(p["pid"], p["start_time"]), 10, f"process {p['pid']} to end")
     assert manifest(run_dir)["status"] == "up"  # what the killed run last recorded is kept
     again = subprocess.run([sys.executable, "-m", "testbed", "clean"], capture_output=True, text=True, timeout=120,
-                           cwd=Path(run.ROOT))
+                           cwd=ROOT)
     assert again.stdout.strip() == "nothing to clean"
 
 
@@ -229,7 +231,7 @@ def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
                         "protocols=OpenFlow13,OpenFlow15", "other_config:datapath-id=0000000000000bad", "fail_mode=secure",
                         "--", "set-controller", bridge, f"tcp:127.0.0.1:{port}"], check=True, timeout=30)
         try:
-            wait_for(lambda: ctl.proc.poll() is not None, 90, "the controller to exit on the handler exception")
+            wait_for(lambda: ctl.child.proc.poll() is not None, 90, "the controller to exit on the handler exception")
             with pytest.raises(RunError, match=r"controller exited with status 3: .*\(in on_features\)"):
                 ctl.check_alive()
         finally:
@@ -241,7 +243,7 @@ def test_cli_after_bring_up(tmp_path, clean_slate):
     commands = "sh ovs-ofctl -O OpenFlow15 dump-groups leaf1\nh1 ping -c1 -W5 h5\n"
     res = subprocess.run([sys.executable, "-m", "testbed", "run", "leaf-spine", "--cli", "--results",
                           str(tmp_path)], input=commands, capture_output=True, text=True, timeout=120,
-                         cwd=Path(run.ROOT))
+                         cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert "selection_method=hash,fields(ip_src,ip_dst,nw_proto,tcp_src,tcp_dst,udp_src,udp_dst)" in res.stdout
     assert "1 packets transmitted, 1 received" in res.stdout + res.stderr  # Mininet logs to stderr
@@ -287,7 +289,7 @@ def test_doctor_says_which_datapath_and_whether_link_delay_is_emulated():
     """`testbed doctor` reports what this kernel has; in the stock-kernel guest (the lab VM's
     case) that is OVS's kernel datapath and netem."""
     res = subprocess.run([sys.executable, "-m", "testbed", "doctor"], capture_output=True, text=True, timeout=120,
-                         cwd=Path(run.ROOT))
+                         cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     kernel_dp, netem = capabilities.ovs_kernel_datapath(), capabilities.qdisc_support()["netem"]
     assert ("datapath: OVS kernel" in res.stdout) == kernel_dp

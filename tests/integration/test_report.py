@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from testbed.paths import ROOT
 from testbed.analysis import results
 from testbed import run
 
 pytestmark = pytest.mark.integration
-ROOT = Path(run.ROOT)
+ROOT = ROOT
 DEFAULT_RUN_LIMIT_S = 180  # the budget for the default run on a 2-core machine
 OVERLOAD_DILATION = 2000  # 25x less than the default: agents and OVS cannot keep up
 PLOTS = ("throughput", "utilisation", "queues", "timeline", "collectives")

@@ -1,0 +1,138 @@
+"""The GPU agent's event loop on a fake clock and fake sockets (no root, no fabric): one
+pass at a time, the loop starts ready ops, ends compute on its timer, paces packets at
+line rate, completes a send on its ACK and holds data while PFC pauses the NIC."""
+
+import json
+import socket
+
+import pytest
+
+from testbed.agent.runner import Agent
+from testbed.wire import pfc, roce
+
+D = 1000  # dilation
+LINE_BPS = 400e9
+MTU = 1024
+
+
+class Clock:
+    def __init__(self):
+        self.now = 10**9
+
+    def __call__(self):
+        return self.now
+
+
+class FakeNic:
+    def __init__(self, link, spec):
+        self.link, self.intf, self.line_bps = link, spec["intf"], spec["line_bps"]
+        self.me = roce.Endpoint(spec["mac"], spec["ip"])
+        self.free_ns, self.blocked, self.sent = 0, 0, []
+
+    def send(self, frame):
+        self.sent.append(frame)
+
+
+class Inbox:
+    """A non-blocking socket's receive side: what the test queued, then BlockingIOError."""
+
+    def __init__(self):
+        self.queue = []
+
+    def recvmsg(self, size, ancsize):
+        if not self.queue:
+            raise BlockingIOError
+        return self.queue.pop(0)
+
+    def recv(self, size):
+        if not self.queue:
+            raise BlockingIOError
+        return self.queue.pop(0)
+
+
+def op(i, kind, deps=(), peer=None, nbytes=0, duration_ns=0):
+    return {"id": i, "kind": kind, "iteration": 0, "phase": "dp" if peer else "forward", "collective": -1,
+            "step": -1, "peer": peer, "bytes": nbytes, "duration_ns": duration_ns, "deps": list(deps),
+            "link": "fabric", "micro_batch": -1}
+
+
+@pytest.fixture
+def make_agent(tmp_path):
+    def make(ops, dcqcn=False):
+        clock, rx, pause = Clock(), Inbox(), Inbox()
+        cfg = {"gpu": "h1", "index": 1, "dilation": D, "mtu_bytes": MTU, "dcqcn": dcqcn, "dcqcn_params": {},
+               "rto_ns": 128_000, "ops": ops, "records": str(tmp_path / "h1.jsonl"),
+               "nics": {"fabric": {"intf": "h1-eth0", "mac": "02:01:00:00:01:01", "ip": "10.0.1.1",
+                                   "line_bps": LINE_BPS}},
+               "peers": {"h2": {"index": 2, "mac": "02:01:00:00:02:01", "ip": "10.0.2.1", "nvlink_mac": None,
+                                "nvlink_ip": None}}}
+        agent = Agent(cfg, clock=clock, wait=lambda socks, t: None, open_nic=FakeNic, open_rx=lambda: rx,
+                      open_pause=lambda intf: pause)
+        agent.prepare(clock.now)
+        return agent, clock, rx, pause
+    return make
+
+
+def records(agent):
+    agent.out.flush()
+    return [json.loads(line) for line in open(agent.cfg["records"])]
+
+
+def test_compute_ends_on_its_dilated_timer_then_the_next_op_starts(make_agent):
+    agent, clock, _, _ = make_agent([op(0, "compute", duration_ns=5_000), op(1, "compute", [0], duration_ns=1_000)])
+    t0 = clock.now
+    assert agent.step(t0) == t0 + 5_000 * D  # wake exactly when the compute ends
+    clock.now = t0 + 5_000 * D - 1
+    agent.step(clock.now)
+    assert agent.state[0] == "running"
+    clock.now = t0 + 5_000 * D + 7  # woken 7 ns late
+    assert agent.step(clock.now) == clock.now + 1_000 * D  # op 1 started in the same pass
+    done = [r for r in records(agent) if r["type"] == "op"]
+    assert done == [{**done[0], "id": 0, "ready_ns": t0, "end_ns": t0 + 5_000 * D}]  # ends when due, not when seen
+    assert agent.nic_counters["timer_late_ns"] == 7
+
+
+def test_packets_leave_at_line_rate_and_the_send_completes_on_its_ack(make_agent):
+    agent, clock, rx, _ = make_agent([op(0, "send", peer="h2", nbytes=3 * MTU)])
+    nic = agent.nics["fabric"]
+    gap = int(roce.wire_bytes(MTU) * 8 / (LINE_BPS / D) * 1e9)
+    t0 = clock.now
+    wakes = [agent.step(t0)]
+    for _ in range(2):
+        clock.now = wakes[-1]
+        wakes.append(agent.step(clock.now))
+    # one packet per wake, a line-rate gap apart: no burst when a message starts
+    assert len(nic.sent) == 3 and wakes[:2] == [t0 + gap, t0 + 2 * gap]
+    parsed = [roce.parse(f[roce.OFF_UDP + roce.UDP_LEN:]) for f in nic.sent]
+    assert [p.psn for p in parsed] == [0, 1, 2] and [p.opcode for p in parsed] == [
+        roce.OP_SEND_FIRST, roce.OP_SEND_MIDDLE, roce.OP_SEND_LAST]
+    assert agent.state[0] == "running"  # sent, not yet acknowledged
+    ack = roce.FrameTemplate(roce.Endpoint("02:01:00:00:02:01", "10.0.2.1"), nic.me, 0xC000, roce.qpn(1, 2),
+                             roce.AETH_LEN, roce.DSCP_CONTROL, 0).frame(roce.OP_ACK, 2, False, bytes([roce.AETH_ACK, 0, 0, 1]))
+    rx.queue.append((ack[roce.OFF_UDP + roce.UDP_LEN:], [], 0, None))
+    clock.now += 10 * gap
+    agent.step(clock.now)
+    assert agent.state[0] == "done" and agent.remaining == 0
+
+
+def test_pfc_pause_holds_data_until_its_quanta_run_out(make_agent):
+    agent, clock, _, pause = make_agent([op(0, "send", peer="h2", nbytes=4 * MTU)])
+    nic = agent.nics["fabric"]
+    t0 = clock.now
+    pause.queue.append(pfc.frame("02:01:00:00:00:09", {pfc.LOSSLESS_PRIORITY: 100}))
+    wake = agent.step(t0)
+    pause_end = t0 + int(D * pfc.pause_ns(100, LINE_BPS))
+    assert nic.sent == [] and wake == pause_end  # nothing leaves; wake when the pause runs out
+    clock.now = pause_end
+    agent.step(clock.now)
+    assert len(nic.sent) == 1 and agent.nic_counters["pause_frames_received"] == 1
+    assert agent.nic_counters["paused_ns"] == pause_end - t0
+    assert [r["type"] for r in records(agent)] == ["paused", "resumed"]
+
+
+def test_fake_sockets_stand_in_for_the_real_ones():
+    """The loop only uses what the fakes offer: recvmsg/recv raising BlockingIOError when empty."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            s.recvmsg(64, 64)
