@@ -10,24 +10,17 @@ problems are collected before failing.
 
 from __future__ import annotations
 
-import copy
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-import yaml
 
 from testbed.config import workload as traffic_schema
 from testbed import units
+from testbed.config.checker import Checker, show as _show
+from testbed.config.source import NAME_RE, Origins, resolve
 from testbed.errors import ConfigError
-from testbed.paths import ROOT, SCENARIO_DIR, TOPOLOGY_DIR, TRAFFIC_DIR
 
-DEFAULT_SCENARIO = "default"
 
 KINDS = ("leaf-spine", "top-of-rack", "rail-optimised")
 DATAPATHS = ("auto", "kernel", "user")
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 # Address plan limits: leaf L, host n -> 10.0.L.n; switch names like spine12-eth130 must fit IFNAMSIZ.
 MAX_LEAVES = 250
 MAX_HOSTS_PER_LEAF = 250
@@ -115,257 +108,14 @@ class Scenario:
     resolved: dict = field(compare=False, repr=False)  # the document as validated (for the manifest)
 
 
-# -- loading and overrides -------------------------------------------------------------------
-
-
-class _Origins:
-    """Remembers which file (or --set) each part of the resolved document came from."""
-
-    def __init__(self):
-        self._entries: list[tuple[tuple, str, tuple]] = []
-
-    def add(self, path: tuple, label: str, base: tuple = ()):
-        self._entries.append((tuple(path), label, tuple(base)))
-
-    def locate(self, path: tuple) -> str:
-        best = None
-        for entry_path, label, base in self._entries:
-            if path[: len(entry_path)] == entry_path and (best is None or len(entry_path) >= len(best[0])):
-                best = (entry_path, label, base)
-        if best is None:
-            return format_path(path)
-        entry_path, label, base = best
-        rest = format_path(base + path[len(entry_path):])
-        return f"{label}: {rest}" if rest else label
-
-
-def format_path(path) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        try:
-            return str(path.resolve().relative_to(ROOT))
-        except ValueError:
-            return str(path)
-
-
-def _read_yaml(path: Path, label: str) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{label}: cannot read: {exc.strerror}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{label}: not valid YAML{where}: {problem}") from None
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{label}: expected a mapping at the top level, got {type(doc).__name__}")
-    return doc
-
-
-def _find(ref: str, directory: Path, what: str, label: str) -> Path:
-    """A scenario/topology is named (``rail-2x4``) or given as a path."""
-    candidate = Path(ref)
-    if candidate.suffix in (".yaml", ".yml") or "/" in ref:
-        if candidate.is_file():
-            return candidate
-        raise ConfigError(f"{label}: {what} file {ref!r} not found")
-    if not NAME_RE.fullmatch(ref):
-        raise ConfigError(f"{label}: {what} name {ref!r} is not valid (lowercase letters, digits, - and _)")
-    path = directory / f"{ref}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in directory.glob("*.yaml"))
-        raise ConfigError(f"{label}: unknown {what} {ref!r} (known: {', '.join(known)})")
-    return path
-
-
-def _deep_merge(base: dict, top: dict, origins: _Origins, path: tuple, label: str, base_path: tuple):
-    for key, value in top.items():
-        here = path + (key,)
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _deep_merge(base[key], value, origins, here, label, base_path + (key,))
-        else:
-            base[key] = copy.deepcopy(value)
-            origins.add(here, label, base_path + (key,))
-
-
-_SET_RE = re.compile(r"(?P<path>[A-Za-z_][A-Za-z0-9_]*(?:\[[0-9]+\]|\.[A-Za-z_][A-Za-z0-9_]*)*)=(?P<value>.*)", re.S)
-
-
-def parse_set(text: str) -> tuple[tuple, Any]:
-    """``"fabric.leaves[1].hosts=4"`` -> (("fabric", "leaves", 1, "hosts"), 4)."""
-    m = _SET_RE.fullmatch(text)
-    if not m:
-        raise ConfigError(f"--set {text}: expected PATH=VALUE, for example fabric.spines=4")
-    path = tuple(
-        int(tok[1:-1]) if tok.startswith("[") else tok
-        for tok in re.findall(r"\[[0-9]+\]|[A-Za-z_][A-Za-z0-9_]*", m.group("path"))
-    )
-    try:
-        value = yaml.safe_load(m.group("value")) if m.group("value").strip() else None
-    except yaml.YAMLError:
-        value = m.group("value")
-    return path, value
-
-
-def _apply_set(doc: dict, path: tuple, value, text: str):
-    node = doc
-    for i, part in enumerate(path[:-1]):
-        nxt = path[i + 1]
-        if isinstance(part, int):
-            if not isinstance(node, list) or part >= len(node):
-                raise ConfigError(f"--set {text}: {format_path(path[: i + 1])} does not exist")
-            node = node[part]
-            continue
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {text}: {format_path(path[:i])} is not a mapping")
-        if node.get(part) is None or (isinstance(nxt, str) and not isinstance(node[part], dict)):
-            if isinstance(nxt, int):
-                raise ConfigError(f"--set {text}: {format_path(path[: i + 1])} is not a list")
-            node[part] = {}
-        node = node[part]
-    last = path[-1]
-    if isinstance(last, int):
-        if not isinstance(node, list) or last >= len(node):
-            raise ConfigError(f"--set {text}: {format_path(path)} does not exist")
-    elif not isinstance(node, dict):
-        raise ConfigError(f"--set {text}: {format_path(path[:-1])} is not a mapping")
-    node[last] = value
+# -- loading and validation ----------------------------------------------------------------
 
 
 def load(ref: str | None = None, overrides: list[str] | tuple = ()) -> Scenario:
     """Load a scenario by name or path (a topology file is accepted too), apply ``--set``
     overrides and validate. Raises ConfigError listing every problem."""
-    ref = ref or DEFAULT_SCENARIO
-    path = _find(ref, SCENARIO_DIR, "scenario", "scenario")
-    label = _display(path)
-    doc = _read_yaml(path, label)
-    origins = _Origins()
-    if "kind" in doc and "topology" not in doc:
-        # A bare topology file: run it with the default scenario settings.
-        topo_doc, topo_label = doc, label
-        doc = {"name": re.sub(r"[^a-z0-9_-]", "-", path.stem.lower())[:32] or "topology"}
-        scenario_label = "(defaults)"
-    else:
-        scenario_label = label
-        topo_ref = doc.get("topology")
-        if not isinstance(topo_ref, str):
-            raise ConfigError(f"{label}: topology: expected the name of a file in topologies/, got {topo_ref!r}")
-        topo_path = _find(topo_ref, TOPOLOGY_DIR, "topology", f"{label}: topology")
-        topo_label = _display(topo_path)
-        topo_doc = _read_yaml(topo_path, topo_label)
-    origins.add((), scenario_label)
-    resolved = {k: copy.deepcopy(v) for k, v in doc.items() if k not in ("topology", "fabric")}
-    resolved["topology"] = topo_label
-    resolved["fabric"] = copy.deepcopy(topo_doc)
-    origins.add(("fabric",), topo_label)
-    if isinstance(doc.get("fabric"), dict):
-        _deep_merge(resolved["fabric"], doc["fabric"], origins, ("fabric",), scenario_label, ("fabric",))
-    elif doc.get("fabric") is not None:
-        raise ConfigError(f"{scenario_label}: fabric: expected a mapping of topology fields to override")
-    traffic_ref = doc.get("traffic")
-    if traffic_ref is not None:
-        if not isinstance(traffic_ref, str):
-            raise ConfigError(f"{scenario_label}: traffic: expected the name of a file in traffic/, got {traffic_ref!r}")
-        traffic_path = _find(traffic_ref, TRAFFIC_DIR, "workload", f"{scenario_label}: traffic")
-        traffic_label = _display(traffic_path)
-        resolved["traffic"] = traffic_label
-        resolved["workload"] = _read_yaml(traffic_path, traffic_label)
-        origins.add(("workload",), traffic_label)
-    if isinstance(doc.get("workload"), dict):
-        resolved.setdefault("workload", {})
-        _deep_merge(resolved["workload"], doc["workload"], origins, ("workload",), scenario_label, ("workload",))
-    elif doc.get("workload") is not None:
-        raise ConfigError(f"{scenario_label}: workload: expected a mapping of workload fields to override")
-    for text in overrides:
-        set_path, value = parse_set(text)
-        if set_path[0] == "topology":
-            raise ConfigError(f"--set {text}: choose the topology with the scenario argument, not --set")
-        if set_path[0] == "traffic":
-            raise ConfigError(f"--set {text}: choose the workload with traffic: in the scenario file; "
-                              f"override its fields with --set workload.FIELD=VALUE")
-        _apply_set(resolved, set_path, value, text)
-        origins.add(set_path, f"--set {text}")
+    resolved, origins, label, topo_label = resolve(ref, overrides)
     return _validate(resolved, origins, source=label, topology_source=topo_label)
-
-
-# -- validation -------------------------------------------------------------------------------
-
-
-class _Checker:
-    """Collects problems with their location; typed getters return None on a problem."""
-
-    def __init__(self, origins: _Origins):
-        self.origins = origins
-        self.problems: list[str] = []
-
-    def problem(self, path: tuple, message: str):
-        self.problems.append(f"{self.origins.locate(path)}: {message}")
-
-    def mapping(self, doc, path: tuple, allowed: tuple) -> dict:
-        if doc is None:
-            return {}
-        if not isinstance(doc, dict):
-            self.problem(path, f"expected a mapping, got {_show(doc)}")
-            return {}
-        for key in doc:
-            if key not in allowed:
-                self.problem(path + (key,), f"unknown field (expected one of: {', '.join(allowed)})")
-        return doc
-
-    def integer(self, doc: dict, key: str, path: tuple, default=None, minimum=0, maximum=None):
-        value = doc.get(key, default)
-        here = path + (key,)
-        if value is None:
-            self.problem(here, "required (an integer)")
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.problem(here, f"expected an integer, got {_show(value)}")
-            return None
-        if value < minimum or (maximum is not None and value > maximum):
-            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-            self.problem(here, f"expected an integer {bound}, got {value}")
-            return None
-        return value
-
-    def unit(self, doc: dict, key: str, path: tuple, parser, default=None, required=True):
-        value = doc.get(key, default)
-        here = path + (key,)
-        if value is None:
-            if required:
-                self.problem(here, "required")
-            return None
-        try:
-            return parser(value)
-        except units.UnitError as exc:
-            self.problem(here, str(exc))
-            return None
-
-    def choice(self, doc: dict, key: str, path: tuple, choices: tuple, default):
-        value = doc.get(key, default)
-        if value not in choices:
-            self.problem(path + (key,), f"expected one of {', '.join(choices)}, got {_show(value)}")
-            return None
-        return value
-
-
-def _show(value) -> str:
-    return repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
 
 
 _SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "workload", "dilation",
@@ -383,8 +133,8 @@ _UPLINK_KEYS = ("count", "rate", "cable")
 _LEAF_KEYS = ("hosts", "uplinks")
 
 
-def _validate(doc: dict, origins: _Origins, source: str, topology_source: str) -> Scenario:
-    c = _Checker(origins)
+def _validate(doc: dict, origins: Origins, source: str, topology_source: str) -> Scenario:
+    c = Checker(origins)
     c.mapping(doc, (), _SCENARIO_KEYS)
     name = doc.get("name")
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -416,7 +166,7 @@ def _validate(doc: dict, origins: _Origins, source: str, topology_source: str) -
                     seed=seed, resolved=doc)
 
 
-def _link(c: _Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):
+def _link(c: Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):
     doc = c.mapping(doc, path, keys)
     rate = c.unit(doc, "rate", path, units.parse_rate_bps)
     cable = c.unit(doc, "cable", path, units.parse_length_m, default=default_cable)
@@ -425,7 +175,7 @@ def _link(c: _Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):
     return LinkSpec(rate_bps=rate, cable_m=cable)
 
 
-def _uplinks(c: _Checker, doc, path: tuple, spines: int | None, defaults: dict | None = None):
+def _uplinks(c: Checker, doc, path: tuple, spines: int | None, defaults: dict | None = None):
     merged = dict(defaults or {})
     if doc is not None and not isinstance(doc, dict):
         c.problem(path, f"expected a mapping with count, rate, cable, got {_show(doc)}")
@@ -448,7 +198,7 @@ def _uplinks(c: _Checker, doc, path: tuple, spines: int | None, defaults: dict |
     return UplinkSpec(count=count, link=link)
 
 
-def _validate_fabric(c: _Checker, doc, path: tuple) -> Fabric | None:
+def _validate_fabric(c: Checker, doc, path: tuple) -> Fabric | None:
     if not isinstance(doc, dict):
         c.problem(path, f"expected a topology mapping, got {_show(doc)}")
         return None
@@ -523,7 +273,7 @@ def _off(value) -> bool:
     return value is False or value == "off"
 
 
-def _validate_queues(c: _Checker, doc, path: tuple) -> Queues | None:
+def _validate_queues(c: Checker, doc, path: tuple) -> Queues | None:
     doc = c.mapping(doc, path, ("buffer", "ecn", "pfc"))
     buffer = c.unit(doc, "buffer", path, units.parse_size_bytes, required=False)
     ecn = pfc = None

@@ -67,7 +67,30 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     name = doc.get("name") or "workload"
     description = doc.get("description") or ""
     iterations = c.integer(doc, "iterations", path, default=3, minimum=1, maximum=10_000)
+    data, pipeline, tensor = _parallelism(c, doc, path, gpus)
+    mapping = _mapping(c, doc, path, gpus)
+    comp_path = path + ("compute",)
+    comp = c.mapping(doc.get("compute"), comp_path, ("forward", "backward"))
+    forward = c.unit(comp, "forward", comp_path, units.parse_duration_ns, default="20us")
+    backward = c.unit(comp, "backward", comp_path, units.parse_duration_ns, default="40us")
+    algorithm, bucket, gradient, source = _collective(c, doc, path, data, pipeline, tensor)
+    mtu, dcqcn, dcqcn_params = _transport(c, doc, path)
+    schedule, micro_batches, activations, per_stage_layers = _pipeline(c, doc, path, pipeline)
+    if c.problems or None in (iterations, data, mapping, forward, backward, algorithm, gradient) or mtu not in RDMA_MTUS:
+        return None
+    buckets = split_buckets(gradient, bucket)
+    return Workload(name=str(name), description=str(description).strip(), iterations=iterations, data=data,
+                    pipeline=pipeline, tensor=tensor, mapping=mapping, forward_ns=forward, backward_ns=backward,
+                    algorithm=algorithm, allreduce_bytes=buckets, mtu_bytes=mtu, dcqcn=dcqcn in (True, "on"),
+                    gradient_bytes=gradient, gradient_source=source, pipeline_schedule=schedule,
+                    micro_batches=micro_batches, pipeline_bytes=activations,
+                    # Megatron: 2 AllReduces per layer forward (attention, MLP) and 2 backward;
+                    # modelled as one AllReduce of their total after each forward/backward
+                    tensor_bytes=2 * per_stage_layers * activations, dcqcn_params=dcqcn_params)
 
+
+def _parallelism(c, doc, path: tuple, gpus: int | None) -> tuple:
+    """(data, pipeline, tensor) degrees; data defaults to what the GPUs leave."""
     par_path = path + ("parallelism",)
     par = c.mapping(doc.get("parallelism"), par_path, ("data", "pipeline", "tensor"))
     pipeline = c.integer(par, "pipeline", par_path, default=1, minimum=1, maximum=1024)
@@ -81,24 +104,26 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
                                 f"the fabric's {gpus} GPUs")
     if data is not None and data * (pipeline or 1) * (tensor or 1) < 2:
         c.problem(par_path, "at least 2 GPUs must work together (data x pipeline x tensor >= 2)")
+    return data, pipeline, tensor
+
+
+def _mapping(c, doc, path: tuple, gpus: int | None):
     mapping = doc.get("mapping", "sequential")
     if isinstance(mapping, list):
         names = [f"h{i}" for i in range(1, (gpus or 0) + 1)]
         if gpus is not None and sorted(mapping, key=str) != sorted(names):
             c.problem(path + ("mapping",), f"expected every GPU (h1 .. h{gpus}) exactly once, in rank order")
-            mapping = None
-        else:
-            mapping = tuple(mapping)
-    elif mapping not in MAPPINGS:
+            return None
+        return tuple(mapping)
+    if mapping not in MAPPINGS:
         c.problem(path + ("mapping",), f"expected one of {', '.join(MAPPINGS)} or a list of GPUs in rank order, "
                                        f"got {_show(mapping)}")
-        mapping = None
+        return None
+    return mapping
 
-    comp_path = path + ("compute",)
-    comp = c.mapping(doc.get("compute"), comp_path, ("forward", "backward"))
-    forward = c.unit(comp, "forward", comp_path, units.parse_duration_ns, default="20us")
-    backward = c.unit(comp, "backward", comp_path, units.parse_duration_ns, default="40us")
 
+def _collective(c, doc, path: tuple, data, pipeline, tensor) -> tuple:
+    """(algorithm, bucket bytes, gradient bytes, where the gradient size came from)."""
     col_path = path + ("collective",)
     col = c.mapping(doc.get("collective"), col_path, ("algorithm", "bytes", "bucket"))
     algorithm = col.get("algorithm", "ring")
@@ -119,15 +144,17 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
         algorithm = None
     bucket = c.unit(col, "bucket", col_path, units.parse_size_bytes, required=False)
     model = doc.get("model")
-    gradient, source = None, "bytes"
-    if model is not None:
-        gradient, source = _model_gradient_bytes(c, model, path + ("model",), tensor, pipeline), "model"
-        if col.get("bytes") is not None:
-            c.problem(col_path + ("bytes",), "give either model (bytes derived from it) or collective.bytes, "
-                                             "not both (--set workload.collective.bytes=null drops a file's bytes)")
-    else:
-        gradient = c.unit(col, "bytes", col_path, units.parse_size_bytes, default="2MB")
+    if model is None:
+        return algorithm, bucket, c.unit(col, "bytes", col_path, units.parse_size_bytes, default="2MB"), "bytes"
+    gradient = _model_gradient_bytes(c, model, path + ("model",), tensor, pipeline)
+    if col.get("bytes") is not None:
+        c.problem(col_path + ("bytes",), "give either model (bytes derived from it) or collective.bytes, "
+                                         "not both (--set workload.collective.bytes=null drops a file's bytes)")
+    return algorithm, bucket, gradient, "model"
 
+
+def _transport(c, doc, path: tuple) -> tuple:
+    """(RoCE MTU, DCQCN on/off, DCQCN parameters)."""
     tr_path = path + ("transport",)
     tr = c.mapping(doc.get("transport"), tr_path, ("mtu", "dcqcn"))
     mtu = tr.get("mtu", 4096)
@@ -141,11 +168,17 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
         dcqcn = "on"
     elif dcqcn not in (True, False, "on", "off"):
         c.problem(tr_path + ("dcqcn",), f"expected on, off or a mapping of DCQCN parameters, got {_show(dcqcn)}")
+    return mtu, dcqcn, dcqcn_params
+
+
+def _pipeline(c, doc, path: tuple, pipeline) -> tuple:
+    """(schedule, micro-batches, activation bytes per hop, layers per stage)."""
     schedule = doc.get("pipeline_schedule", "1f1b")
     if schedule not in ("gpipe", "1f1b"):
         c.problem(path + ("pipeline_schedule",), f"expected gpipe or 1f1b, got {_show(schedule)}")
     micro_batches = c.integer(doc, "micro_batches", path, default=4 if (pipeline or 1) > 1 else 1, minimum=1,
                               maximum=1024)
+    model = doc.get("model")
     activations = model_activations = None
     if model is not None and isinstance(model, dict) and all(k in model for k in ("hidden", "sequence")):
         model_activations = _activation_bytes(c, model, path + ("model",))
@@ -156,19 +189,7 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
         c.problem(path + ("model", "layers"), f"expected a positive integer, got {_show(layers)}")
         layers = None
-    per_stage_layers = max(1, layers // (pipeline or 1)) if layers else 1
-
-    if c.problems or None in (iterations, data, mapping, forward, backward, algorithm, gradient) or mtu not in RDMA_MTUS:
-        return None
-    buckets = split_buckets(gradient, bucket)
-    return Workload(name=str(name), description=str(description).strip(), iterations=iterations, data=data,
-                    pipeline=pipeline, tensor=tensor, mapping=mapping, forward_ns=forward, backward_ns=backward,
-                    algorithm=algorithm, allreduce_bytes=buckets, mtu_bytes=mtu, dcqcn=dcqcn in (True, "on"),
-                    gradient_bytes=gradient, gradient_source=source, pipeline_schedule=schedule,
-                    micro_batches=micro_batches, pipeline_bytes=activations,
-                    # Megatron: 2 AllReduces per layer forward (attention, MLP) and 2 backward;
-                    # modelled as one AllReduce of their total after each forward/backward
-                    tensor_bytes=2 * per_stage_layers * activations, dcqcn_params=dcqcn_params)
+    return schedule, micro_batches, activations, max(1, layers // (pipeline or 1)) if layers else 1
 
 
 # transport.dcqcn as a mapping: DCQCN on with these parameters (real units) instead of the
