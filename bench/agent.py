@@ -1,4 +1,4 @@
-"""GPU agent send rate on one core: the agent's hot path (a Scapy-built template patched
+"""GPU agent send rate on one core: the agent's hot path (a template built once, patched
 per packet: PSN, opcode, ICRC) vs Scapy building and sending every packet (``sendp``)
 vs a bare raw-socket loop resending one prebuilt frame, measured side by side in one run
 (a benchmark, not a test).

@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print the planned fabric (no root needed)")
     _add_scenario_args(p)
     p.add_argument("--paths", nargs=2, metavar=("SRC", "DST"), help="GPU hosts to list ECMP paths for (h1 h8)")
+    p.add_argument("--digest", action="store_true",
+                   help="a short digest of the plan (counts, per-port settings, bytes per step): what the golden "
+                        "plans in the tests are")
     p = sub.add_parser("queues", help="per-port queue depth, marks and drops of a live run")
     p.add_argument("--run", default=None, help="run id (default: the newest live run)")
     p.add_argument("--watch", action="store_true", help="refresh every second until the run ends or Ctrl-C")
@@ -89,9 +92,11 @@ def main(argv=None) -> int:
     try:
         if args.command == "show":
             from testbed.model import plan
-            from testbed.views import show
+            from testbed.views import digest, show
 
-            print(show.render(plan.build(_load(args)), tuple(args.paths) if args.paths else None))
+            planned = plan.build(_load(args))
+            print(digest.digest(planned).rstrip("\n") if args.digest else
+                  show.render(planned, tuple(args.paths) if args.paths else None))
         elif args.command == "run":
             from testbed import run
 

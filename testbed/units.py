@@ -143,11 +143,17 @@ class Dilation:
     @staticmethod
     def nice(minimum: float) -> "Dilation":
         """Smallest 1/2/5 x 10^k factor that is >= ``minimum`` (and >= 1)."""
-        if minimum <= 1:
-            return Dilation(1)
-        exp = math.floor(math.log10(minimum))
-        for mantissa in (1, 2, 5, 10):
-            candidate = mantissa * 10 ** exp
-            if candidate >= minimum * (1 - 1e-12):
-                return Dilation(candidate)
-        raise AssertionError("unreachable")
+        return Dilation(nice_ceil(minimum))
+
+
+def nice_ceil(x: float) -> int:
+    """The smallest 1, 2 or 5 x 10^k at or above ``x`` (at least 1): the round numbers
+    dilations are chosen and suggested in."""
+    if x <= 1:
+        return 1
+    exp = math.floor(math.log10(x))
+    for mantissa in (1, 2, 5, 10):
+        candidate = mantissa * 10 ** exp
+        if candidate >= x * (1 - 1e-12):
+            return candidate
+    raise AssertionError("unreachable")

@@ -49,3 +49,20 @@ def clean_slate():
     before = snapshot()
     yield before
     assert snapshot() == before
+
+
+def run_trusted(load, options, results_dir: Path):
+    """A run whose test bounds depend on timing: ``load(extra_overrides)`` gives the
+    scenario, ``options(results_dir)`` the run options. If the fidelity guard does not trust
+    the run, it is rerun once at the dilation the guard suggests. Returns (result, fidelity);
+    the caller asserts the verdict (its text in the message) before its timing bounds."""
+    from testbed import run
+
+    result = run.run(load([]), options(results_dir))
+    fidelity = json.loads((result.run_dir / "summary.json").read_text())["fidelity"]
+    if result.status == "ok" and fidelity["verdict"] == "not trusted":
+        again = results_dir / "rerun"
+        again.mkdir(exist_ok=True)
+        result = run.run(load([f"dilation={fidelity['suggested_dilation']}"]), options(again))
+        fidelity = json.loads((result.run_dir / "summary.json").read_text())["fidelity"]
+    return result, fidelity

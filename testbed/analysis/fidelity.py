@@ -11,7 +11,10 @@ emulation kept up with the time dilation it was given:
 - ``host_cpu``: the host's CPUs were not saturated (share of polls with every core busy);
 - ``ovs_cpu``: ovs-vswitchd (whose userspace datapath forwards on one thread) was not
   saturated (p95 of its CPU use in cores);
-- ``telemetry``: the collector missed no poll.
+- ``telemetry``: the collector missed no poll;
+- ``pfc_reaction``: the PFC process saw a queue cross XOFF and applied a received pause
+  within a quarter of the peer response time the headroom formula budgets (1 us real):
+  a slower emulated reaction lets more bytes in after XOFF than a real switch would.
 
 A failed check names its cause and the dilation that would fix it: the current one
 scaled by how far the check missed, with a margin, rounded up to 1/2/5 x 10^k.
@@ -20,7 +23,8 @@ Pure: reads a ``results.Results``.
 
 from __future__ import annotations
 
-import math
+from testbed import units
+from testbed.model import queues
 
 LIMITS = {
     "dequeue_rate": 0.9,  # achieved / configured, at least
@@ -29,20 +33,10 @@ LIMITS = {
     "host_cpu": 0.25,  # share of polls with the host >= SATURATED busy, at most
     "ovs_cpu": 0.95,  # p95 of ovs-vswitchd CPU in cores, at most
     "telemetry": 0,  # polls skipped, at most
+    "pfc_reaction": 0.25,  # the emulation's PFC reaction (real) / the headroom formula's response time, at most
 }
 SATURATED = 0.98
 MARGIN = 1.5
-
-
-def nice_ceil(x: float) -> int:
-    """The smallest 1, 2 or 5 x 10^k at or above x."""
-    if x <= 1:
-        return 1
-    k = 10 ** math.floor(math.log10(x))
-    for m in (1, 2, 5, 10):
-        if m * k >= x:
-            return int(m * k)
-    return int(10 * k)
 
 
 def _check(name, value, ok, cause, factor=None, detail=""):
@@ -147,7 +141,21 @@ def telemetry_loss(r) -> dict | None:
                   f"the collector skipped {skipped} polls: it fell behind", 2.0, f"{len(p)} polls")
 
 
-CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss)
+def pfc_reaction(r) -> dict | None:
+    p = r.manifest.get("pfc") or {}
+    if not p.get("xoff_polls"):
+        return None
+    d = float(r.manifest.get("dilation") or 1)
+    worst_real_ns = max(p.get("xoff_detect_max_ns", 0), p.get("pause_apply_max_ns", 0)) / d
+    share = worst_real_ns / queues.PFC_RESPONSE_NS
+    ok = share <= LIMITS["pfc_reaction"]
+    return _check("pfc_reaction", round(share, 3), ok,
+                  f"the PFC process took up to {worst_real_ns:.0f} ns (real) to see a queue pass XOFF or to apply a "
+                  f"pause, {share:.0%} of the {queues.PFC_RESPONSE_NS} ns response the headroom formula allows",
+                  share / LIMITS["pfc_reaction"], f"{p['xoff_polls']} XOFF decisions")
+
+
+CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss, pfc_reaction)
 
 
 def check(r) -> dict:
@@ -158,7 +166,7 @@ def check(r) -> dict:
     suggested = None
     if failed:
         factor = max(c["_factor"] or 2.0 for c in failed)
-        suggested = nice_ceil(d * max(factor, 1.0) * MARGIN)
+        suggested = units.nice_ceil(d * max(factor, 1.0) * MARGIN)
     for c in done:
         c.pop("_factor")
     verdict = "unchecked" if not done else ("not trusted" if failed else "trusted")

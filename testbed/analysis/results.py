@@ -79,7 +79,7 @@ class Results:
     plan: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
-    # the names the issue tracker and DESIGN use for the same frames
+    # other names for the same frames (docs/results.md lists them)
     @property
     def links(self) -> pd.DataFrame:
         """Per link (named by its receiving switch port): ECN codepoint counts (``ecn``)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CMD_TIMEOUT_S = 20
-QDISCS = ("htb", "tbf", "bfifo", "clsact", "netem", "red", "prio")
+QDISCS = ("mq", "tbf", "bfifo", "clsact", "netem", "red", "prio")  # a run uses mq, tbf, bfifo, clsact, netem
 INSTALL_FIX = "make install (or: bash scripts/install.sh)"
 
 
@@ -63,14 +63,16 @@ def scratch_namespace():
     ns = f"tbdoctor-{uuid.uuid4().hex[:8]}"
     _run(["ip", "netns", "add", ns], check=True)
     try:
-        _run(["ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"], check=True)
+        # two TX queues, as the fabric's links have (mq needs a multi-queue device)
+        _run(["ip", "-n", ns, "link", "add", "d0", "numtxqueues", "2", "numrxqueues", "2", "type", "veth", "peer",
+              "name", "d1", "numtxqueues", "2", "numrxqueues", "2"], check=True)
         yield ns
     finally:
         _run(["ip", "netns", "del", ns])
 
 
 def qdisc_support() -> dict[str, bool]:
-    args = {"htb": ["default", "1"], "tbf": ["rate", "1mbit", "burst", "10k", "latency", "10ms"],
+    args = {"mq": [], "tbf": ["rate", "1mbit", "burst", "10k", "latency", "10ms"],
             "bfifo": ["limit", "10000"], "clsact": [], "netem": ["delay", "1ms"],
             "red": ["limit", "400000", "min", "30000", "max", "90000", "avpkt", "1000", "burst", "55",
                     "probability", "0.1", "bandwidth", "10mbit", "ecn"],
@@ -125,7 +127,7 @@ def checks() -> list[Check]:
     items.append(Check("kernel", True, f"Linux {platform.release()}"))
     if root:
         q = qdisc_support()
-        for name in ("htb", "tbf", "bfifo", "clsact"):
+        for name in ("mq", "tbf", "bfifo", "clsact"):
             items.append(Check(f"qdisc {name}", q[name], "available" if q[name] else "missing",
                                "a kernel with CONFIG_NET_SCH_" + name.upper()))
         items.append(Check("qdisc netem", q["netem"],

@@ -74,6 +74,10 @@ class Pfcd:
         self.state_map = Map(pins + "/testbed_state", bpfmaps.STATE_SIZE)
         self.pfc_map = Map(pins + "/testbed_pfc", bpfmaps.PFC_SIZE)  # our counters, for the collector
         self.ports: dict[str, Port] = {}
+        # the emulation's own share of the pause reaction (the fidelity guard's input): the
+        # longest a queue's crossing of XOFF could have gone unseen (the gap since the poll
+        # before the one that sent the XOFF), and the longest a received pause took to apply
+        self.reaction = {"xoff_polls": 0, "xoff_detect_max_ns": 0, "pause_apply_max_ns": 0}
         for pq in plan["queues"]:
             intf = pq["intf"]
             mac = Path(f"/sys/class/net/{intf}/address").read_text().strip()
@@ -102,7 +106,7 @@ class Pfcd:
                     why=why)
         self.publish(port)
 
-    def poll_queues(self, now: int):
+    def poll_queues(self, now: int, since_last_ns: int = 0):
         for intf, port in self.ports.items():
             if port.hyst is None:
                 continue
@@ -117,6 +121,8 @@ class Pfcd:
                 self.publish(port)
             action = port.hyst.update(depth, now)
             if action == "xoff":
+                self.reaction["xoff_polls"] += 1
+                self.reaction["xoff_detect_max_ns"] = max(self.reaction["xoff_detect_max_ns"], since_last_ns)
                 for name in port.feeders:
                     feeder = self.ports[name]
                     feeder.wanted_by.add(intf)
@@ -135,6 +141,9 @@ class Pfcd:
             return
         rate = PAUSED_RATE_BPS if paused else pq["emulated_rate_bps"]
         self.tc.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
+        if paused:
+            took = time.monotonic_ns() - now
+            self.reaction["pause_apply_max_ns"] = max(self.reaction["pause_apply_max_ns"], took)
         raw = self.cfg_map.lookup(port.ifindex)
         if raw is not None:  # flip only "paused" (the run wrote the rest)
             fields = list(struct.unpack(bpfmaps.CFG_FORMAT, raw))
@@ -172,7 +181,7 @@ class Pfcd:
     # -- loop ------------------------------------------------------------------------------
     def run(self, control):
         socks = {p.sock.fileno(): p for p in self.ports.values()}
-        next_poll = time.monotonic_ns()
+        next_poll = last_poll = time.monotonic_ns()
         while True:
             timeout = max(0.0, (next_poll - time.monotonic_ns()) / 1e9)
             readable, _, _ = select.select(list(socks) + [control], [], [], timeout)
@@ -185,7 +194,8 @@ class Pfcd:
                     self.receive(socks[fd], now)
             if now >= next_poll:
                 self.expire(now)
-                self.poll_queues(now)
+                self.poll_queues(now, now - last_poll)
+                last_poll = now
                 next_poll = max(next_poll + int(POLL_S * 1e9), now)
 
     def report(self):
@@ -199,6 +209,7 @@ class Pfcd:
                         paused_real_ns=self.d.real_duration_ns(paused),
                         headroom_high_water_bytes=round(port.headroom_high_water_bytes),
                         headroom_bytes=port.pq["headroom_bytes"], drops=drops)
+        self.record(event="reaction", **self.reaction)
 
 
 class PfcDaemon:
@@ -241,6 +252,9 @@ class PfcDaemon:
         out = {k: sum(p[k] for p in ports) for k in keys}
         out["paused_ports"] = sorted(p["port"] for p in ports if p["frames_received"])
         out["headroom_high_water_bytes"] = max((p["headroom_high_water_bytes"] for p in ports), default=0)
+        for r in read_events(self.events):
+            if r.get("event") == "reaction":
+                out.update({k: v for k, v in r.items() if k != "event"})
         return out
 
 

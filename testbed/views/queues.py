@@ -15,7 +15,6 @@ from testbed.apply.bpfmap import BpfError, Map
 from testbed.errors import RunError
 from testbed.apply.marker import PIN_ROOT
 from testbed.jsonlines import read_events
-from testbed.apply.tc import PortTc
 from testbed.units import format_duration, format_size
 
 WATCH_PERIOD_S = 1.0
@@ -58,6 +57,8 @@ def snapshot(run: dict) -> list[dict]:
         state_map = Map(str(pins / "testbed_state"), bpfmaps.STATE_SIZE)
     except BpfError as exc:
         raise RunError(f"the run's marker maps are not there yet: {exc}") from None
+    from testbed.apply.tc import PortTc  # pyroute2: only when a live run is read
+
     with state_map, PortTc() as tc:
         now = time.monotonic_ns()
         for pq in plan["queues"]:

@@ -1,11 +1,12 @@
-"""RoCEv2 on the wire: frame templates built once with Scapy, patched per packet.
+"""RoCEv2 on the wire: frame templates declared as header layouts, built once, patched
+per packet.
 
-The only module that imports Scapy. A ``FrameTemplate`` holds one QP direction's
-Ethernet/IPv4/UDP(4791)/BTH headers as bytes; the hot path copies it, patches the
-BTH opcode, ack-request bit and PSN, and appends the ICRC (CRC-32 of the invariant
-fields, computed incrementally from a prefix precomputed at build time). Building a
-Scapy packet per send is ~700x slower (DESIGN section 5); the unit tests check the
-patched bytes against Scapy's own build of the same packet, ICRC included.
+A ``FrameTemplate`` holds one QP direction's Ethernet/IPv4/UDP(4791)/BTH headers as
+bytes; the hot path copies it, patches the BTH opcode, ack-request bit and PSN, and
+appends the ICRC (CRC-32 of the invariant fields, computed incrementally from a prefix
+precomputed at build time). The unit tests check every frame kind against Scapy's own
+build of the same packet, ICRC included (``testbed.wire.reference``, the one module that
+imports Scapy; the agents never load it), and against golden bytes.
 
 Wire choices (the usual RoCE deployment):
 - data: DSCP 26 (the lossless class) with ECT(0), UDP checksum 0 (RoCEv2), DF set;
@@ -18,14 +19,10 @@ Wire choices (the usual RoCE deployment):
 
 from __future__ import annotations
 
+import ipaddress
 import struct
 import zlib
 from dataclasses import dataclass
-
-from scapy.contrib.roce import AETH, BTH, CNPPadding
-from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
-from scapy.packet import Raw
 
 ROCE_UDP_PORT = 4791
 ECT0, CE = 0b10, 0b11
@@ -76,20 +73,35 @@ class Endpoint:
     ip: str  # without prefix length
 
 
-def scapy_bytes(src: Endpoint, dst: Endpoint, sport: int, dscp: int, ecn: int, opcode: int, dqpn: int,
-                psn: int, ackreq: bool = False, payload: bytes = b"", aeth: tuple | None = None) -> bytes:
-    """A whole frame built by Scapy, ICRC included: the reference the fast path is checked
-    against, and the builder for rare packets."""
-    bth = BTH(opcode=opcode, dqpn=dqpn, psn=psn & PSN_MASK, ackreq=int(ackreq))
-    if aeth is not None:
-        bth = bth / AETH(syndrome=aeth[0], msn=aeth[1])
-    elif opcode == OP_CNP:
-        bth = bth / CNPPadding()
-    # Scapy's BTH computes the ICRC over everything after it, so the payload goes inside
-    bth = bth / Raw(payload) if payload else bth
-    return bytes(Ether(src=src.mac, dst=dst.mac, type=0x0800)
-                 / IP(src=src.ip, dst=dst.ip, tos=(dscp << 2) | ecn, ttl=64, flags="DF", id=0)
-                 / UDP(sport=sport, dport=ROCE_UDP_PORT, chksum=0) / bth)
+_ETH = struct.Struct("!6s6sH")
+_IPV4 = struct.Struct("!BBHHHBBH4s4s")
+_UDP = struct.Struct("!HHHH")
+_BTH_HEAD = struct.Struct("!BBHB3sB3s")
+IP_DF = 0x4000
+IP_TTL = 64
+IP_PROTO_UDP = 17
+PKEY_DEFAULT = 0xFFFF
+
+
+def _ip_checksum(header: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def headers(src: Endpoint, dst: Endpoint, sport: int, dscp: int, ecn: int, opcode: int, dqpn: int, psn: int,
+            ackreq: bool, body_len: int) -> bytes:
+    """Ethernet, IPv4 (DF, TTL 64, id 0, checksum), UDP (checksum 0, as RoCEv2 sends) and
+    BTH (P_Key 0xFFFF) of a frame whose BTH is followed by ``body_len`` bytes and the ICRC."""
+    udp_len = UDP_LEN + BTH_LEN + body_len + ICRC_LEN
+    ip = bytearray(_IPV4.pack(0x45, (dscp << 2) | ecn, IP_LEN + udp_len, 0, IP_DF, IP_TTL, IP_PROTO_UDP, 0,
+                              ipaddress.ip_address(src.ip).packed, ipaddress.ip_address(dst.ip).packed))
+    ip[10:12] = _ip_checksum(bytes(ip)).to_bytes(2, "big")
+    bth = _BTH_HEAD.pack(opcode, 0, PKEY_DEFAULT, 0, dqpn.to_bytes(3, "big"), 0x80 if ackreq else 0,
+                         (psn & PSN_MASK).to_bytes(3, "big"))
+    return (_ETH.pack(bytes.fromhex(dst.mac.replace(":", "")), bytes.fromhex(src.mac.replace(":", "")), 0x0800)
+            + bytes(ip) + _UDP.pack(sport, ROCE_UDP_PORT, udp_len, 0) + bth)
 
 
 class FrameTemplate:
@@ -98,8 +110,8 @@ class FrameTemplate:
     frame to send."""
 
     def __init__(self, src: Endpoint, dst: Endpoint, sport: int, dqpn: int, body_len: int, dscp: int, ecn: int):
-        ref = scapy_bytes(src, dst, sport, dscp, ecn, OP_SEND_ONLY, dqpn, 0, payload=bytes(body_len))
-        self.head = bytearray(ref[:OFF_PAYLOAD])
+        ref = headers(src, dst, sport, dscp, ecn, OP_SEND_ONLY, dqpn, 0, False, body_len)
+        self.head = bytearray(ref)
         self.body_len = body_len
         # ICRC: CRC-32 over 8 x 0xFF (the absent LRH), the IP header with TOS, TTL and
         # checksum set to all ones, the UDP header with checksum all ones, the BTH with its

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.paths import ROOT
 from testbed.analysis import results
-from testbed import run
+from testbed.paths import ROOT
 
 pytestmark = pytest.mark.integration
-ROOT = ROOT
 DEFAULT_RUN_LIMIT_S = 180  # the issue's budget for the default run on a 2-core machine
 OVERLOAD_DILATION = 2000  # 25x less than the default: agents and OVS cannot keep up
 PLOTS = ("throughput", "utilisation", "queues", "timeline", "collectives")
@@ -42,6 +40,11 @@ def runs(tmp_path_factory):
     t0 = time.monotonic()
     light = cli("run", "--results", base / "light")
     light_s = time.monotonic() - t0
+    if light.returncode == 0 and summary_of(light)["fidelity"]["verdict"] != "trusted":
+        # a noisy machine: rerun once at the dilation the guard suggests (the tests then
+        # fail with that run's verdict if it is still not trusted)
+        suggested = summary_of(light)["fidelity"]["suggested_dilation"]
+        light = cli("run", "--set", f"dilation={suggested}", "--results", base / "light-rerun")
     heavy = cli("run", "--dilation", OVERLOAD_DILATION, "--results", base / "heavy")
     assert snapshot() == before
     assert light.returncode == 0, light.stderr[-3000:]
@@ -62,7 +65,7 @@ def test_default_run_explains_itself(runs):
     for kpi in ("JCT ratio (measured / ideal)", "dp bus bandwidth (busbw)", "ECN marking ratio", "Drops",
                 "PFC pause frames", "Queue depth p95 / max", "ECMP imbalance", "Jain fairness"):
         assert kpi in err, kpi
-    assert "fidelity: trusted" in err
+    assert "fidelity: trusted" in err, summary_of(res)["fidelity"]["text"]
     # ...and says in words what happened: an uncongested fabric, and how to congest it
     assert "what happened:" in err and "No queue grew past Kmin" in err
     report = re.search(r"report: (\S+report\.html)", err).group(1)
@@ -91,8 +94,18 @@ def test_collected_telemetry_and_kpis_agree_with_the_agents(runs):
     assert s["drops"]["packets"] == 0 and s["ecn"]["marked_packets"] == 0
     assert s["jct"]["mean_ratio"] < 1.1 and s["collectives"]["dp"]["mean_busbw_bps"] > 0.9 * 400e9
     assert s["fairness"]["jain_min"] > 0.9
-    assert s["ecmp"]["imbalance"] >= 1.0 and set(s["ecmp"]["per_leaf"]) == {"leaf1", "leaf2", "leaf3", "leaf4"}
-    assert s["references"]["pfc_headroom_formula_bytes"] == s["references"]["pfc_headroom_configured_bytes"]
+    # ECMP imbalance by hand: per leaf, bytes each uplink sent during the run, max / mean
+    uplinks = {q["intf"]: q["switch"] for q in r.plan["queues"] if q["switch"].startswith("leaf")
+               and q["peer"].startswith("spine")}
+    polls = r.ports[r.ports.intf.isin(list(uplinks))].sort_values("t_ns").groupby("intf").tx_bytes
+    sent = (polls.last() - polls.first()).to_dict()
+    by_leaf = {}
+    for intf, leaf in uplinks.items():
+        by_leaf.setdefault(leaf, []).append(sent[intf])
+    imbalance = max(max(v) / (sum(v) / len(v)) for v in by_leaf.values())
+    assert s["ecmp"]["imbalance"] == pytest.approx(imbalance) and set(s["ecmp"]["per_leaf"]) == set(by_leaf)
+    # the headroom reference by hand: 2 x 4214-byte frames + (2 x 15 ns of 3 m cable + 1 us) x 400G / 8
+    assert s["references"]["pfc_headroom_formula_bytes"] == 2 * 4214 + (2 * 15 + 1000) * 50
     # the light run passes every fidelity check it has data for, including pacing and CPU
     f = s["fidelity"]
     assert f["verdict"] == "trusted", f

@@ -14,13 +14,18 @@ from testbed import run
 from testbed.config import scenario
 from testbed.apply.process import wait_for
 from testbed.analysis.training import load_records
+from conftest import run_trusted
 
 pytestmark = pytest.mark.integration
 
 
 def train(tmp_path, ref, *sets, hook=None):
-    result = run.run(scenario.load(ref, list(sets)), run.RunOptions(results_dir=tmp_path, hook=hook))
+    """A run whose bounds depend on timing: rerun once at the suggested dilation if the
+    fidelity guard did not trust it, then fail with its verdict if it still does not."""
+    result, fidelity = run_trusted(lambda extra: scenario.load(ref, [*sets, *extra]),
+                                   lambda folder: run.RunOptions(results_dir=folder, hook=hook), tmp_path)
     assert result.status == "ok", result.reason
+    assert fidelity["verdict"] == "trusted", fidelity["text"]
     summary = json.loads((result.run_dir / "training.json").read_text())
     return result, summary
 
@@ -94,8 +99,12 @@ def test_ecn_and_dcqcn_hold_an_incast_queue_near_kmin(tmp_path, clean_slate):
             assert sc.queues.ecn.kmin_bytes == kmin
         else:
             assert sc.queues.ecn is None
-        result = run.run(sc, run.RunOptions(results_dir=tmp_path / name, telemetry_interval_real_ns=1000))
+        result, fidelity = run_trusted(lambda extra: scenario.load("incast", [*sets, *extra]),
+                                       lambda folder: run.RunOptions(results_dir=folder,
+                                                                     telemetry_interval_real_ns=1000),
+                                       tmp_path / name)
         assert result.status == "ok", result.reason
+        assert fidelity["verdict"] == "trusted", fidelity["text"]
         runs[name] = (result, json.loads((result.run_dir / "training.json").read_text()),
                       json.loads((result.run_dir / "summary.json").read_text()))
     result, training, s = runs["ecn"]
@@ -156,10 +165,13 @@ def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=30)
 
-    sc = scenario.load(write_scenario(tmp_path, buffer="400KB", ecn="off", pfc={}),
-                       ["workload.transport.dcqcn=off"])
-    result = run.run(sc, run.RunOptions(results_dir=tmp_path, before_training=start_capture, hook=stop_capture))
+    path = write_scenario(tmp_path, buffer="400KB", ecn="off", pfc={})
+    result, fidelity = run_trusted(lambda extra: scenario.load(path, ["workload.transport.dcqcn=off", *extra]),
+                                   lambda folder: run.RunOptions(results_dir=folder, before_training=start_capture,
+                                                                 hook=stop_capture), tmp_path)
     assert result.status == "ok", result.reason
+    # the headroom bound below holds only if the emulation reacted to XOFF in time (pfc_reaction)
+    assert fidelity["verdict"] == "trusted", fidelity["text"]
     t = json.loads((result.run_dir / "training.json").read_text())["transport"]
     p = result.manifest["pfc"]
     assert p["xoff_sent"] > 0 and p["drops"] == 0, p

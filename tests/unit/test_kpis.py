@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from testbed import units
 from testbed.analysis import fidelity, kpis, report, results
 from testbed.views import summary as summary_text
 from testbed.views.progress import Progress
@@ -129,9 +130,24 @@ def test_fidelity_names_every_failed_check_and_a_dilation_that_fixes_it(run_dir)
     assert f["suggested_dilation"] == 5000 and "--set dilation=5000" in f["text"]
 
 
+def test_fidelity_checks_the_pfc_reaction_against_the_headroom_budget(run_dir):
+    """At D = 1000 a 100 us (emulated) gap before the poll that sent an XOFF is 100 ns real,
+    10 % of the 1 us response the headroom formula allows: trusted; 500 us is 50 %: not."""
+    m = json.loads((run_dir / "manifest.json").read_text())
+    pfc = {"xoff_polls": 3, "xoff_detect_max_ns": 100_000, "pause_apply_max_ns": 40_000}
+    (run_dir / "manifest.json").write_text(json.dumps({**m, "pfc": pfc}))
+    by = {c["name"]: c for c in fidelity.check(results.load(run_dir))["checks"]}
+    assert by["pfc_reaction"]["value"] == 0.1 and by["pfc_reaction"]["ok"]
+    (run_dir / "manifest.json").write_text(json.dumps({**m, "pfc": {**pfc, "pause_apply_max_ns": 500_000}}))
+    f = fidelity.check(results.load(run_dir))
+    by = {c["name"]: c for c in f["checks"]}
+    assert by["pfc_reaction"]["value"] == 0.5 and not by["pfc_reaction"]["ok"]
+    assert "500 ns (real)" in by["pfc_reaction"]["cause"]
+
+
 @pytest.mark.parametrize("x,want", [(0.3, 1), (1, 1), (1.01, 2), (3, 5), (7, 10), (4000, 5000), (20001, 50000)])
 def test_nice_ceil(x, want):
-    assert fidelity.nice_ceil(x) == want
+    assert units.nice_ceil(x) == want
 
 
 def test_an_interrupted_run_is_incomplete_and_says_why(run_dir):

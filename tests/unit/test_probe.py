@@ -4,10 +4,12 @@ from testbed.apply import probe
 
 
 def test_echo_request_golden_bytes():
-    # type 8, code 0, checksum, id 0x1234, seq 1, payload "testbed-probe"
-    assert probe.echo_request(0x1234, 1).hex() == "0800" + "%04x" % probe.checksum(
-        bytes.fromhex("080000001234" "0001") + b"testbed-probe") + "12340001" + b"testbed-probe".hex()
-    assert probe.checksum(probe.echo_request(0x1234, 1)) == 0  # a valid ICMP checksum sums to zero
+    # type 8, code 0, checksum 0xf288 (worked out by hand: the one's complement of the
+    # one's complement sum of the 16-bit words, checksum field 0, the odd last byte padded),
+    # id 0x1234, seq 1, payload "testbed-probe"
+    golden = bytes.fromhex("0800" "f288" "1234" "0001") + b"testbed-probe"
+    assert probe.echo_request(0x1234, 1) == golden
+    assert probe.checksum(golden) == 0  # a valid ICMP checksum sums to zero
 
 
 def test_checksum_rfc1071_example():

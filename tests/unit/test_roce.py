@@ -3,6 +3,7 @@
 import pytest
 
 from testbed.wire import roce
+from testbed.wire.reference import scapy_bytes
 
 A = roce.Endpoint("00:00:00:00:01:01", "10.0.1.1")
 B = roce.Endpoint("00:00:00:00:02:01", "10.0.2.1")
@@ -25,7 +26,7 @@ def test_patched_frames_equal_scapy_builds(opcode, psn, ackreq):
     t = roce.FrameTemplate(A, B, 0xC001, 3000, len(payload), roce.DSCP_DATA, roce.ECT0)
     # the template is reused: a frame must not depend on the one before it
     t.frame(roce.OP_SEND_MIDDLE, 12345, not ackreq, payload)
-    ref = roce.scapy_bytes(A, B, 0xC001, roce.DSCP_DATA, roce.ECT0, opcode, 3000, psn, ackreq, payload)
+    ref = scapy_bytes(A, B, 0xC001, roce.DSCP_DATA, roce.ECT0, opcode, 3000, psn, ackreq, payload)
     assert t.frame(opcode, psn, ackreq, payload) == ref
     assert len(ref) == roce.wire_bytes(4096) == 4154
 
@@ -34,14 +35,14 @@ def test_ack_nak_and_cnp_frames_equal_scapy_and_parse_back():
     ack = roce.FrameTemplate(B, A, 0xC002, 1026, roce.AETH_LEN, roce.DSCP_DATA, 0)
     body = bytes([roce.AETH_NAK_SEQ, 0, 0, 9])
     frame = ack.frame(roce.OP_ACK, 500, False, body)
-    assert frame == roce.scapy_bytes(B, A, 0xC002, roce.DSCP_DATA, 0, roce.OP_ACK, 1026, 500,
+    assert frame == scapy_bytes(B, A, 0xC002, roce.DSCP_DATA, 0, roce.OP_ACK, 1026, 500,
                                      aeth=(roce.AETH_NAK_SEQ, 9))
     p = roce.parse(frame[roce.OFF_BTH:])
     assert (p.opcode, p.dqpn, p.psn, p.syndrome, p.msn) == (roce.OP_ACK, 1026, 500, roce.AETH_NAK_SEQ, 9)
 
     cnp = roce.FrameTemplate(B, A, 0xC002, 1026, roce.CNP_PAD_LEN, roce.DSCP_CNP, 0)
     frame = cnp.frame(roce.OP_CNP, 0, False, bytes(16))
-    assert frame == roce.scapy_bytes(B, A, 0xC002, roce.DSCP_CNP, 0, roce.OP_CNP, 1026, 0)
+    assert frame == scapy_bytes(B, A, 0xC002, roce.DSCP_CNP, 0, roce.OP_CNP, 1026, 0)
     assert frame[roce.OFF_IP + 1] == roce.DSCP_CNP << 2  # not ECN-capable: never marked
 
 

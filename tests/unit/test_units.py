@@ -39,7 +39,7 @@ def test_rejects(parser, text):
 
 def test_dilation_converts_rates_and_durations_not_bytes():
     d = units.Dilation(40000)
-    assert d.rate_bps(400e9) == 10e6  # DESIGN.md: 400G at D=40000 is 10 Mbit/s
+    assert d.rate_bps(400e9) == 10e6  # 400G at D=40000 is 10 Mbit/s (docs/architecture.md)
     assert d.duration_ns(1000) == 40_000_000  # 1 us of cable -> 40 ms
     assert d.real_duration_ns(d.duration_ns(123)) == pytest.approx(123)
 

@@ -1,0 +1,79 @@
+"""The layout's rules, checked: the pure packages import without root and without Mininet,
+os-ken, pyroute2 or Scapy; each heavy dependency is imported in one place; modules and
+functions stay small enough to read."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "testbed"
+HEAVY = ("mininet", "os_ken", "pyroute2", "scapy")
+PURE = ("config", "model", "wire", "analysis", "views")
+# where each heavy dependency may be imported (package or module)
+HOMES = {"mininet": ("apply/fabric.py",), "os_ken": ("controller/app.py", "controller/__main__.py"),
+         "pyroute2": ("apply/tc.py",), "scapy": ("wire/reference.py",), "pandas": ("analysis/results.py",),
+         "plotly": ("analysis/report.py",)}
+BLOCKER = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {HEAVY!r}:
+            raise ImportError(f"{{name}} is blocked: pure modules must not import it")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def modules(packages):
+    for pkg in packages:
+        for path in sorted((PACKAGE / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            if rel.as_posix() != "testbed/wire/reference":  # the Scapy reference the tests check against
+                yield ".".join(rel.parts).removesuffix(".__init__")
+
+
+def test_pure_packages_import_without_root_or_heavy_dependencies():
+    names = list(modules(PURE))
+    assert len(names) > 20
+    code = BLOCKER + "".join(f"import {name}\n" for name in names) + "print('ok')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.stdout.strip() == "ok", res.stderr[-3000:]
+
+
+def test_the_blocker_blocks():
+    """The check above can fail: a module that imports os-ken does not get past it."""
+    res = subprocess.run([sys.executable, "-c", BLOCKER + "import testbed.controller.app"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert res.returncode != 0 and "os_ken" in res.stderr and "blocked" in res.stderr
+
+
+def imports(path: Path) -> set:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_each_heavy_dependency_is_imported_in_one_place():
+    found = {dep: [] for dep in HOMES}
+    for path in PACKAGE.rglob("*.py"):
+        for dep in imports(path) & set(HOMES):
+            found[dep].append(path.relative_to(PACKAGE).as_posix())
+    assert {dep: sorted(paths) for dep, paths in found.items()} == {dep: sorted(h) for dep, h in HOMES.items()}
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_modules_and_functions_stay_small(path):
+    src = path.read_text()
+    assert src.count("\n") <= 400, "a module over 400 lines has more than one reason to change"
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(src))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80]
+    assert not long
