@@ -1,49 +1,12 @@
 """A run folder as pandas DataFrames (the only pandas import), for notebooks and reports.
 
-    from testbed import results
+    from testbed.analysis import results
     r = results.load("results/default-20261202T185848Z")
     r.ops.groupby(["gpu", "phase"]).wait_real_ns.sum()
 
-Every time column says its clock and unit: ``*_ns`` columns from the agents are
-CLOCK_MONOTONIC nanoseconds of the emulation; ``*_real_ns`` columns are real-fabric time
-(emulated / dilation) since the run's first op. Rates are real bits per second, sizes bytes.
-
-Frames (empty when the run did not produce them):
-- ``ops``: one row per op of every GPU: gpu, id, kind (compute/send/recv), iteration,
-  phase (forward/backward/dp/tp/pp), collective, step, peer, link (fabric/nvlink), bytes,
-  micro_batch, ready/start/end (emulated ns), ready/start/end_real_ns, duration_real_ns,
-  wait_real_ns (a receive's time blocked on its peer: end - ready).
-- ``qps``: one row per reliable connection (gpu, peer, link): packets sent, retransmitted,
-  timeouts, NAKs, duplicates, out-of-order, bytes received, ACKs/NAKs/CNPs sent, CNPs and
-  CE received, DCQCN cuts, final_rate_bps.
-- ``nics``: per GPU, its NICs' counters: PFC pause frames received, paused_ns, and the
-  timer lateness the fidelity guard checks (tx_count, tx_late_ns, tx_late_max_ns,
-  tx_gap_ns: packets sent, their summed and largest lateness past their due time and
-  their summed line-rate gaps; timer_*: compute phases noticed as ended late), emulated ns.
-- ``rates``: DCQCN rate changes: gpu, peer, link, t_real_ns, rate_bps, alpha.
-- ``pauses``: GPU NICs paused/resumed by PFC: gpu, event, t_real_ns.
-- ``iterations``, ``collectives``: ``training.json``'s per-iteration step times and
-  per-collective times with their ideal, ratio and bus bandwidth.
-- ``ports``: the controller's OpenFlow port counters per switch port and poll (switch,
-  port, intf, t_ns, t_real_ns, rx/tx packets, bytes, dropped, errors) with, per interval,
-  ``tx_bps``/``rx_bps`` (real-fabric bits/s: emulated rate x dilation) and
-  ``tx_utilisation`` (of the port's link rate).
-- ``queues``: every switch port's egress queue per poll (switch, port, intf, t_ns,
-  t_real_ns): depth_bytes (the marker's shadow queue at the poll), max_depth_bytes (its
-  maximum since the previous poll), tbf_backlog_bytes (the real qdisc's backlog), the
-  marker's cumulative packets, bytes, ect, marked, drops, control_packets and the TBF's
-  tbf_sent_bytes/tbf_drops, the port's PFC counters (pfc_frames_sent, pfc_xoff_sent,
-  pfc_frames_received, pfc_paused_ns emulated, pfc_headroom_high_water_bytes); per
-  interval ``marked_delta``, ``drops_delta``, ``ect_delta``, ``pfc_frames_sent_delta``,
-  and the port's kmin/kmax/xoff bytes and real/emulated rate from the plan.
-- ``ecn``: per link, the packets that arrived over it by ECN codepoint (cumulative
-  counters per poll): switch, port, intf (the receiving port), peer (the sender),
-  t_real_ns, not_ect, ect1, ect0, ce.
-- ``polls``: the collector's own polls: t_real_ns, read_ns, skipped_total, host_busy
-  (0-1 over every core), ovs_cpu_cores.
-- ``pfc_events``: ``pfc.jsonl`` as it happened (port, event, quanta, why, t_real_ns);
-  ``pfc_ports``: per switch port totals (frames, paused_ns, paused_real_ns, headroom
-  high-water, drops).
+``*_ns`` columns from the agents are CLOCK_MONOTONIC nanoseconds of the emulation;
+``*_real_ns`` columns are real-fabric time (emulated / dilation) since the run's first
+op. Every frame and column is listed in docs/results.md.
 """
 
 from __future__ import annotations
@@ -132,7 +95,7 @@ def load(run_dir) -> Results:
     if not pauses.empty:
         pauses = pauses.sort_values("t_ns").reset_index(drop=True)
     pfc_rows = read_events(run_dir / "pfc.jsonl")
-    pfc_events = timed([r for r in pfc_rows if r.get("event") != "port"], drop=())
+    pfc_events = timed([r for r in pfc_rows if "t_ns" in r], drop=())  # not the end-of-run totals
     pfc_ports = pd.DataFrame([r for r in pfc_rows if r.get("event") == "port"])
     if not pfc_ports.empty:
         pfc_ports = pfc_ports.drop(columns=["event"])

@@ -21,10 +21,14 @@ from mininet.net import Mininet
 from mininet.node import OVSSwitch, RemoteController, Switch
 from mininet.topo import Topo
 
-from testbed.model import queues
-from testbed.apply import registry
-from testbed.errors import RunError
-from testbed.model.plan import Plan
+# Importing mininet.log makes every logger created afterwards a MininetLogger (its own
+# level and handler): ours, created after a fabric module is imported, would go silent
+logging.setLoggerClass(logging.Logger)
+
+from testbed.model import queues  # noqa: E402
+from testbed.apply import registry  # noqa: E402
+from testbed.errors import RunError  # noqa: E402
+from testbed.model.plan import Plan  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 CMD_TIMEOUT_S = 30

@@ -204,10 +204,46 @@ def test_signal_tears_everything_down(tmp_path, clean_slate, sig, code):
     assert (run_dir / "report.html").exists() and (run_dir / "polls.jsonl").read_text().count("\n") >= 1
 
 
+def test_an_interrupted_iteration_stays_out_of_the_kpis(tmp_path, clean_slate):
+    """SIGINT in the middle of the default run's second iteration: the summary counts only
+    what every GPU finished, no collective beats the line rate, and it says the run was cut
+    short and how many iterations finished."""
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--results", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True,
+                            preexec_fn=_default_sigint)
+
+    def in_second_allreduce():
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early: {proc.communicate()}")
+        for path in tmp_path.glob("*/agents/h1.jsonl"):
+            ops = [json.loads(line) for line in path.read_text().splitlines() if '"op"' in line]
+            if any(o["iteration"] == 1 and o["phase"] == "dp" and o["step"] >= 2 for o in ops):
+                return True
+        return False
+
+    wait_for(in_second_allreduce, 600, "h1 to be in the second iteration's AllReduce")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    (run_dir,) = list(tmp_path.iterdir())
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert [i["iteration"] for i in s["jct"]["iterations"]] == [0] and s["jct"]["incomplete_iterations"] == [1]
+    assert s["jct"]["mean_ratio"] > 0.95  # the finished iteration took at least about its ideal
+    dp = [c for c in s["collectives"]["items"] if c["phase"] == "dp"]
+    assert [c["iteration"] for c in dp] == [0] and all(c["busbw_bps"] <= 400e9 for c in dp)
+    assert not s["run"]["complete"] and "cut short: 1 of 3 iterations finished" in s["run"]["incomplete_because"]
+    assert "The run was cut short: 1 iteration finished on every GPU; iteration 2 did not" in err
+    assert "Traceback" not in err
+
+
 def test_clean_after_sigkill(tmp_path, clean_slate):
     proc, run_dir, record = _start_held_run(tmp_path)
+    controller_pid = next(json.loads(line)["pid"] for line in (run_dir / "controller-events.jsonl").read_text()
+                          .splitlines() if json.loads(line)["event"] == "started")
     proc.kill()
     proc.communicate(timeout=30)
+    # the run's own children die with it (parent-death signal): no orphaned controller
+    wait_for(lambda: not Path(f"/proc/{controller_pid}").exists(), 15, "the controller to end with the run")
     left = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
     assert {"leaf1", "leaf2", "spine1", "spine2"} <= set(left)  # SIGKILL leaves the fabric behind
     pins = Path("/sys/fs/bpf/testbed") / manifest(run_dir)["run_id"]

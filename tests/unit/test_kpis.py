@@ -174,6 +174,18 @@ def test_an_iteration_cut_short_stays_out_of_every_kpi(run_dir):
     assert "The run was cut short: 0 iterations finished on every GPU; iteration 1 did not" in story
 
 
+def test_sentences_fit_the_scenario_that_ran():
+    """The default scenario's next step (remap the ring) is suggested after the default
+    scenario only."""
+    quiet = {"fabric": {"gpus": 8, "link_rates_bps": [400e9]}, "references": {"kmin_bytes": 100_000},
+             "queues": {"max_depth_bytes": 9000, "busiest_port": "leaf1-eth1", "p95_depth_bytes": 8000},
+             "ecn": {"marked_packets": 0}, "drops": {"packets": 0}, "pfc": {"pause_frames": 0}}
+    default = " ".join(summary_text.narrative({**quiet, "run": {"scenario": "default"}}))
+    other = " ".join(summary_text.narrative({**quiet, "run": {"scenario": "leaf-spine"}}))
+    assert "No queue grew past Kmin" in default and "No queue grew past Kmin" in other
+    assert "workload.mapping=sequential" in default and "workload.mapping" not in other
+
+
 def test_report_page_and_compare_table(run_dir):
     r = results.load(run_dir)
     s = kpis.summary(r)
