@@ -57,31 +57,47 @@ def _parse(text, units: dict, kind: str, examples: str, allow_bare: bool) -> flo
             raise UnitError(f"expected a {kind} with a unit like {examples}, got {text!r}")
         value = float(m.group("num")) * units[unit]
     if not math.isfinite(value) or value < 0:
-        raise UnitError(f"expected a non-negative {kind}, got {text!r}")
+        raise UnitError(f"expected a finite, non-negative {kind}, got {text!r}")
     return value
+
+
+def _within(value: float, text, low: float, high: float, kind: str, fmt) -> float:
+    """A parsed value inside what a data-centre fabric can have (the physics' bounds)."""
+    if value < low:
+        raise UnitError(f"expected a {kind} of at least {fmt(low)}, got {text!r}")
+    if value > high:
+        raise UnitError(f"expected a {kind} of at most {fmt(high)}, got {text!r}")
+    return value
+
+
+MIN_RATE_BPS, MAX_RATE_BPS = 1e3, 1e14  # 1 kbit/s .. 100 Tbit/s (real)
+MAX_DURATION_NS = 3600e9  # an hour
+MAX_SIZE_BYTES = 1e12  # 1 TB
+MAX_LENGTH_M = 100e3  # 100 km: longer is not a data-centre cable
 
 
 def parse_rate_bps(text) -> int:
     """``"400G"`` -> 400_000_000_000 (bits per second). Bare numbers are not accepted."""
     value = _parse(text, _RATE_UNITS, "rate", "400G, 25Gbps, 100M", allow_bare=False)
-    if value <= 0:
-        raise UnitError(f"expected a positive rate, got {text!r}")
-    return int(round(value))
+    return int(round(_within(value, text, MIN_RATE_BPS, MAX_RATE_BPS, "rate", lambda r: f"{format_rate(r)}bit/s")))
 
 
 def parse_duration_ns(text) -> int:
     """``"1us"`` -> 1000 (nanoseconds)."""
-    return int(round(_parse(text, _TIME_UNITS_NS, "duration", "1us, 500ns, 2ms", allow_bare=False)))
+    value = _parse(text, _TIME_UNITS_NS, "duration", "1us, 500ns, 2ms", allow_bare=False)
+    return int(round(_within(value, text, 0, MAX_DURATION_NS, "duration", format_duration)))
 
 
 def parse_size_bytes(text) -> int:
     """``"32MB"`` -> 32_000_000; ``"1MiB"`` -> 1_048_576; a bare integer is bytes."""
-    return int(round(_parse(text, _SIZE_UNITS, "size", "32MB, 100KB, 9000B", allow_bare=True)))
+    value = _parse(text, _SIZE_UNITS, "size", "32MB, 100KB, 9000B", allow_bare=True)
+    return int(round(_within(value, text, 0, MAX_SIZE_BYTES, "size", format_size)))
 
 
 def parse_length_m(text) -> float:
     """``"100m"`` -> 100.0 metres of cable."""
-    return _parse(text, _LENGTH_UNITS_M, "cable length", "3m, 100m, 2km", allow_bare=False)
+    value = _parse(text, _LENGTH_UNITS_M, "cable length", "3m, 100m, 2km", allow_bare=False)
+    return _within(value, text, 0, MAX_LENGTH_M, "cable length", lambda m: f"{m / 1e3:g}km")
 
 
 def cable_delay_ns(length_m: float) -> int:

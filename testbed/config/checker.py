@@ -65,4 +65,9 @@ class Checker:
 
 
 def show(value) -> str:
-    return repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    """A value in a message: containers by their type (never a whole, possibly huge,
+    structure), anything else by its repr, cut at 80 characters."""
+    if isinstance(value, (dict, list)):
+        return type(value).__name__
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

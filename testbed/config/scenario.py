@@ -10,6 +10,7 @@ problems are collected before failing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from testbed.config import workload as traffic_schema
@@ -26,6 +27,7 @@ MAX_LEAVES = 250
 MAX_HOSTS_PER_LEAF = 250
 MAX_SPINES = 64
 MAX_GPUS = 1024
+MAX_DILATION = 1e7
 
 # -- frozen result objects -------------------------------------------------------------------
 
@@ -106,6 +108,11 @@ class Scenario:
     datapath: str
     seed: int
     resolved: dict = field(compare=False, repr=False)  # the document as validated (for the manifest)
+    origins: Origins | None = field(default=None, compare=False, repr=False)  # where each value came from
+
+    def where(self, path: tuple) -> str:
+        """``file: yaml.path`` (or ``--set ...``) of a value, for problems found after validation."""
+        return self.origins.locate(path) if self.origins else ".".join(map(str, path))
 
 
 # -- loading and validation ----------------------------------------------------------------
@@ -152,10 +159,17 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
         gpus = sum(leaf.hosts for leaf in fabric.leaves) if fabric else None
         workload = traffic_schema.validate(c, doc["workload"], ("workload",), gpus)
     dilation = doc.get("dilation", "auto")
+    if isinstance(dilation, str) and dilation != "auto":
+        try:  # YAML reads 1e7 (no dot, no sign) as text
+            dilation = float(dilation)
+        except ValueError:
+            pass
     if dilation == "auto":
         dilation = None
-    elif isinstance(dilation, bool) or not isinstance(dilation, (int, float)) or not dilation >= 1:
-        c.problem(("dilation",), f"expected 'auto' or a number >= 1, got {_show(dilation)}")
+    elif (isinstance(dilation, bool) or not isinstance(dilation, (int, float)) or not math.isfinite(dilation)
+          or not 1 <= dilation <= MAX_DILATION):
+        c.problem(("dilation",), f"expected 'auto' or a number from 1 to {MAX_DILATION:g} (at {MAX_DILATION:g}, one "
+                                 f"microsecond of the fabric takes {MAX_DILATION / 1e6:g} s here), got {_show(dilation)}")
         dilation = None
     datapath = c.choice(doc, "datapath", (), DATAPATHS, "auto")
     seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
@@ -163,7 +177,7 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
         raise ConfigError(c.problems)
     return Scenario(name=name, description=description.strip(), source=source, topology_source=topology_source,
                     fabric=fabric, queues=queues, traffic=traffic, workload=workload, dilation=dilation, datapath=datapath,
-                    seed=seed, resolved=doc)
+                    seed=seed, resolved=doc, origins=origins)
 
 
 def _link(c: Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):

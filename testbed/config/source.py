@@ -40,6 +40,12 @@ class Origins:
         return f"{label}: {rest}" if rest else label
 
 
+def short(text: str, limit: int = 100) -> str:
+    """A --set argument as messages name it: cut, so a huge value stays one readable line."""
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def format_path(path) -> str:
     out = ""
     for part in path:
@@ -60,11 +66,26 @@ def _display(path: Path) -> str:
             return str(path)
 
 
+MAX_DEPTH = 32  # no scenario, topology or workload nests deeper than a few levels
+MAX_FILE_BYTES = 1_000_000
+
+
 def _read_yaml(path: Path, label: str) -> dict:
+    """A YAML mapping from a UTF-8 text file; every way it can be something else is one
+    ConfigError naming the file."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{label}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{label}: {len(data)} bytes is not a scenario, topology or workload file (at most "
+                          f"{MAX_FILE_BYTES})")
+    if b"\0" in data:
+        raise ConfigError(f"{label}: a binary file, not YAML text (a NUL byte at offset {data.index(0)})")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -72,17 +93,51 @@ def _read_yaml(path: Path, label: str) -> dict:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{label}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: nested more than {MAX_DEPTH} levels deep") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{label}: expected a mapping at the top level, got {type(doc).__name__}")
+    too_deep = _deeper_than(doc, MAX_DEPTH)
+    if too_deep is not None:
+        raise ConfigError(f"{label}: {format_path(too_deep)}: nested more than {MAX_DEPTH} levels deep")
     return doc
 
 
-def _find(ref: str, directory: Path, what: str, label: str) -> Path:
-    """A scenario/topology is named (``rail-2x4``) or given as a path."""
+def _deeper_than(doc, limit: int):
+    """The path of the first value nested deeper than ``limit`` (None if there is none),
+    without recursion (a document may be nested thousands deep)."""
+    stack, seen = [(doc, ())], set()
+    while stack:
+        node, path = stack.pop()
+        if len(path) > limit:
+            return path[:limit + 1]
+        if not isinstance(node, (dict, list)) or id(node) in seen:
+            continue  # YAML aliases share a node: walk it once (a "billion laughs" file stays cheap)
+        seen.add(id(node))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((v, path + (k,)) for k, v in items)
+    return None
+
+
+def _find(ref, directory: Path, what: str, label: str, any_path: bool = False) -> Path:
+    """A scenario, topology or workload by name (``rail-2x4``: ``directory/rail-2x4.yaml``)
+    or by path. ``any_path``: the command line's scenario may be any file of the user's;
+    a file's ``topology:`` and ``traffic:`` are read from the repository's folders only (a
+    name, or a path that stays inside ``directory``)."""
+    folder = f"{directory.name}/"
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{label}: expected the name of a file in {folder}, got {ref!r}")
     candidate = Path(ref)
     if candidate.suffix in (".yaml", ".yml") or "/" in ref:
+        if not any_path:
+            inside = [c.resolve() for c in (ROOT / candidate, directory / candidate)
+                      if c.resolve().is_relative_to(directory.resolve())]
+            if not inside:
+                raise ConfigError(f"{label}: expected the name of a file in {folder}, got {ref!r} (a scenario "
+                                  f"reads its {what} from the repository's {folder} only)")
+            candidate = inside[0]
         if candidate.is_file():
             return candidate
         raise ConfigError(f"{label}: {what} file {ref!r} not found")
@@ -112,7 +167,7 @@ def parse_set(text: str) -> tuple[tuple, Any]:
     """``"fabric.leaves[1].hosts=4"`` -> (("fabric", "leaves", 1, "hosts"), 4)."""
     m = _SET_RE.fullmatch(text)
     if not m:
-        raise ConfigError(f"--set {text}: expected PATH=VALUE, for example fabric.spines=4")
+        raise ConfigError(f"--set {short(text)}: expected PATH=VALUE, for example fabric.spines=4")
     path = tuple(
         int(tok[1:-1]) if tok.startswith("[") else tok
         for tok in re.findall(r"\[[0-9]+\]|[A-Za-z_][A-Za-z0-9_]*", m.group("path"))
@@ -121,6 +176,11 @@ def parse_set(text: str) -> tuple[tuple, Any]:
         value = yaml.safe_load(m.group("value")) if m.group("value").strip() else None
     except yaml.YAMLError:
         value = m.group("value")
+    except RecursionError:
+        raise ConfigError(f"--set {short(text)}: nested more than {MAX_DEPTH} levels deep") from None
+    too_deep = _deeper_than(value, MAX_DEPTH - len(path))
+    if too_deep is not None:
+        raise ConfigError(f"--set {short(text)}: nested more than {MAX_DEPTH} levels deep")
     return path, value
 
 
@@ -130,22 +190,22 @@ def _apply_set(doc: dict, path: tuple, value, text: str):
         nxt = path[i + 1]
         if isinstance(part, int):
             if not isinstance(node, list) or part >= len(node):
-                raise ConfigError(f"--set {text}: {format_path(path[: i + 1])} does not exist")
+                raise ConfigError(f"--set {short(text)}: {format_path(path[: i + 1])} does not exist")
             node = node[part]
             continue
         if not isinstance(node, dict):
-            raise ConfigError(f"--set {text}: {format_path(path[:i])} is not a mapping")
+            raise ConfigError(f"--set {short(text)}: {format_path(path[:i])} is not a mapping")
         if node.get(part) is None or (isinstance(nxt, str) and not isinstance(node[part], dict)):
             if isinstance(nxt, int):
-                raise ConfigError(f"--set {text}: {format_path(path[: i + 1])} is not a list")
+                raise ConfigError(f"--set {short(text)}: {format_path(path[: i + 1])} is not a list")
             node[part] = {}
         node = node[part]
     last = path[-1]
     if isinstance(last, int):
         if not isinstance(node, list) or last >= len(node):
-            raise ConfigError(f"--set {text}: {format_path(path)} does not exist")
+            raise ConfigError(f"--set {short(text)}: {format_path(path)} does not exist")
     elif not isinstance(node, dict):
-        raise ConfigError(f"--set {text}: {format_path(path[:-1])} is not a mapping")
+        raise ConfigError(f"--set {short(text)}: {format_path(path[:-1])} is not a mapping")
     node[last] = value
 
 
@@ -154,7 +214,7 @@ def resolve(ref: str | None = None, overrides: list[str] | tuple = ()) -> tuple:
     topology and workload merged in and ``--set`` overrides applied: (document, origins,
     scenario label, topology label). Raises ConfigError for what stops reading."""
     ref = ref or DEFAULT_SCENARIO
-    path = _find(ref, SCENARIO_DIR, "scenario", "scenario")
+    path = _find(ref, SCENARIO_DIR, "scenario", "scenario", any_path=True)
     label = _display(path)
     doc = _read_yaml(path, label)
     origins = Origins()
@@ -197,10 +257,10 @@ def resolve(ref: str | None = None, overrides: list[str] | tuple = ()) -> tuple:
     for text in overrides:
         set_path, value = parse_set(text)
         if set_path[0] == "topology":
-            raise ConfigError(f"--set {text}: choose the topology with the scenario argument, not --set")
+            raise ConfigError(f"--set {short(text)}: choose the topology with the scenario argument, not --set")
         if set_path[0] == "traffic":
-            raise ConfigError(f"--set {text}: choose the workload with traffic: in the scenario file; "
+            raise ConfigError(f"--set {short(text)}: choose the workload with traffic: in the scenario file; "
                               f"override its fields with --set workload.FIELD=VALUE")
         _apply_set(resolved, set_path, value, text)
-        origins.add(set_path, f"--set {text}")
+        origins.add(set_path, f"--set {short(text)}")
     return resolved, origins, label, topo_label

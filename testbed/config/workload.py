@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 from testbed import units
+from testbed.config.source import NAME_RE
 
 ALGORITHMS = ("ring", "halving-doubling", "hierarchical", "all-to-all", "reduce-scatter", "all-gather")
 ALGORITHMS_LATER = ("tree",)
@@ -57,15 +58,22 @@ class Workload:
 
 
 def _show(value) -> str:
-    return repr(value) if not isinstance(value, str) else f"'{value}'"
+    if isinstance(value, (dict, list)):
+        return type(value).__name__  # never a whole (possibly aliased, huge) structure
+    return repr(value) if not isinstance(value, str) else f"'{value[:80]}'"
 
 
 def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     """``c`` is the scenario's problem collector; ``gpus`` the fabric's GPU count (None if
     the fabric itself is invalid)."""
     doc = c.mapping(doc, path, KEYS)
-    name = doc.get("name") or "workload"
+    name = doc.get("name", "workload")
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        c.problem(path + ("name",), f"expected 1-32 characters of a-z, 0-9, - and _, got {_show(name)}")
     description = doc.get("description") or ""
+    if not isinstance(description, str):
+        c.problem(path + ("description",), f"expected text, got {_show(description)}")
+        description = ""
     iterations = c.integer(doc, "iterations", path, default=3, minimum=1, maximum=10_000)
     data, pipeline, tensor = _parallelism(c, doc, path, gpus)
     mapping = _mapping(c, doc, path, gpus)
@@ -74,6 +82,13 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     forward = c.unit(comp, "forward", comp_path, units.parse_duration_ns, default="20us")
     backward = c.unit(comp, "backward", comp_path, units.parse_duration_ns, default="40us")
     algorithm, bucket, gradient, source = _collective(c, doc, path, data, pipeline, tensor)
+    if gradient is not None and data and gradient < 4 * data:
+        where = path + (("model",) if source == "model" else ("collective", "bytes"))
+        c.problem(where, f"{gradient} gradient bytes cannot be reduced over {data} ranks: each rank's share must be "
+                         f"at least one 4-byte word ({4 * data} bytes)")
+    if bucket is not None and bucket < 4 * (data or 1):
+        c.problem(path + ("collective", "bucket"), f"expected a bucket of at least {4 * (data or 1)} bytes (a 4-byte "
+                                                   f"word per rank), got {bucket}")
     mtu, dcqcn, dcqcn_params = _transport(c, doc, path)
     schedule, micro_batches, activations, per_stage_layers = _pipeline(c, doc, path, pipeline)
     if c.problems or None in (iterations, data, mapping, forward, backward, algorithm, gradient) or mtu not in RDMA_MTUS:
@@ -184,6 +199,8 @@ def _pipeline(c, doc, path: tuple, pipeline) -> tuple:
         model_activations = _activation_bytes(c, model, path + ("model",))
     if doc.get("activations") is not None:
         activations = c.unit(doc, "activations", path, units.parse_size_bytes)
+        if activations is not None and activations < 4:
+            c.problem(path + ("activations",), f"expected at least 4 bytes of activations, got {activations}")
     activations = activations or model_activations or 1_000_000
     layers = model.get("layers") if isinstance(model, dict) else None
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):

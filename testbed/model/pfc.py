@@ -7,25 +7,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def feeders(table, hosts, fabric_links, switches, switch: str, egress_port: int) -> tuple[int, ...]:
+def feeders(switch: str, egress_port: int, toward: dict, links_of: dict, host_index: dict) -> tuple[int, ...]:
     """Ports of ``switch`` whose arriving traffic the planned routes can send out of
     ``egress_port``: the upstream neighbours feeding that queue, which its PFC pauses.
     A host port feeds every egress its routes use; a switch neighbour feeds it only with
     destinations it routes toward this switch (so a leaf never pauses an uplink for
-    another uplink: traffic does not turn around at a leaf)."""
-    addr = {h.name: h.addr for h in hosts}
-    dests = [h.addr for h in hosts if egress_port in table.ports(switch, h.addr)]
+    another uplink: traffic does not turn around at a leaf).
+
+    ``toward[sw][i]``: the ports of switch ``sw`` toward GPU ``i``; ``links_of[sw]``: its
+    (port, neighbour, neighbour's port); ``host_index``: GPU name -> ``i``."""
+    dests = [i for i, ports in enumerate(toward[switch]) if egress_port in ports]
     result = []
-    for link in fabric_links:
-        for here, port, peer, peer_port in ((link.a, link.a_port, link.b, link.b_port),
-                                            (link.b, link.b_port, link.a, link.a_port)):
-            if here != switch or port == egress_port:
-                continue
-            if peer in switches:  # a switch: only what it routes to us on this link
-                if any(peer_port in table.ports(peer, a) for a in dests):
-                    result.append(port)
-            elif any(a != addr[peer] for a in dests):  # a GPU: anything but itself
+    for port, peer, peer_port in links_of[switch]:
+        if port == egress_port:
+            continue
+        if peer in toward:  # a switch: only what it routes to us on this link
+            theirs = toward[peer]
+            if any(peer_port in theirs[i] for i in dests):
                 result.append(port)
+        elif any(i != host_index[peer] for i in dests):  # a GPU: anything but itself
+            result.append(port)
     return tuple(sorted(set(result)))
 
 

@@ -21,11 +21,12 @@ is ``10.(128 + s // 256).(s % 256).0/24``.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import asdict, dataclass, replace
 
 from testbed import units
 from testbed.config.scenario import Fabric, Scenario
-from testbed.model import pfc, queues, routes as routing
+from testbed.model import limits, pfc, queues, routes as routing
 from testbed.model.training import TrainingPlan, plan_training
 
 # Forwarding the host can give the emulated fabric, in emulated bits/s x switch hops.
@@ -219,59 +220,9 @@ def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
 
     spines = [Switch(f"spine{i + 1}", "spine", i + 1, i + 1) for i in range(fabric.spines)]
     leaves = [Switch(f"leaf{i + 1}", "leaf", fabric.spines + i + 1, i + 1) for i in range(len(fabric.leaves))]
-
-    # GPU placement: (server, local_rank) for each leaf slot.
-    g = fabric.gpus_per_server
-    slots: list[list[tuple[int, int]]] = []
-    if fabric.kind == "rail-optimised":
-        slots = [[(s + 1, k) for s in range(fabric.servers)] for k in range(g)]
-    else:
-        server = 0
-        for leaf in fabric.leaves:
-            row = []
-            for n in range(leaf.hosts):
-                if n % g == 0:
-                    server += 1
-                row.append((server, n % g))
-            slots.append(row)
-
-    placed = []  # (server, local_rank, leaf_idx, n)
-    for li, row in enumerate(slots):
-        for n, (server, rank) in enumerate(row):
-            placed.append((server, rank, li, n))
-    placed.sort()
-    servers_count = max((p[0] for p in placed), default=0)
-
-    hosts, links = [], []
-    for idx, (server, rank, li, n) in enumerate(placed, start=1):
-        leaf = leaves[li]
-        name = f"h{idx}"
-        nv = g > 1
-        nv_net = f"10.{128 + server // 256}.{server % 256}"
-        hosts.append(Host(
-            name=name, index=idx, server=server, local_rank=rank, leaf=leaf.name, leaf_port=n + 1,
-            ip=f"10.0.{li + 1}.{n + 1}/16", mac=_mac(1, li + 1, n + 1),
-            nvlink_ip=f"{nv_net}.{rank + 1}/24" if nv else None,
-            nvlink_mac=_mac(2, server, rank + 1) if nv else None,
-        ))
-        links.append(Link("host", name, 0, leaf.name, n + 1, fabric.host_link.rate_bps, fabric.host_link.delay_ns))
-
-    spine_port = {s.name: 0 for s in spines}
-    for li, (leaf, spec) in enumerate(zip(leaves, fabric.leaves)):
-        for u in range(spec.uplinks.count):
-            spine = spines[u % len(spines)]
-            spine_port[spine.name] += 1
-            links.append(Link("uplink", leaf.name, spec.hosts + u + 1, spine.name, spine_port[spine.name],
-                              spec.uplinks.link.rate_bps, spec.uplinks.link.delay_ns))
-
-    servers = []
-    for s in range(1, servers_count + 1):
-        members = [h for h in hosts if h.server == s]
-        bridge = f"nvl{s}" if g > 1 else None
-        servers.append(Server(f"server{s}", s, tuple(h.name for h in members), bridge))
-        if bridge:
-            for h in members:
-                links.append(Link("nvlink", h.name, 1, bridge, h.local_rank + 1, fabric.nvlink_rate_bps, 0))
+    hosts, links = _hosts(fabric, leaves, _placement(fabric))
+    links += _uplinks(fabric, spines, leaves)
+    servers = _servers(fabric, hosts, links)
 
     switches = spines + leaves
     routes = routing.compute(switches, hosts, links, leaves)
@@ -282,6 +233,7 @@ def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
                 link_delay=link_delay)
     table = plan.route_table()
     plan = replace(plan, queues=_queues(plan, table))
+    limits.check(plan)
     if scenario.workload is not None:
         plan = replace(plan, training=plan_training(plan, scenario.workload, table))
     return plan
@@ -289,16 +241,89 @@ def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
 
 def _queues(plan: Plan, table: routing.Table) -> tuple:
     """Every switch egress port (NVLink bridges are not switches), with its PFC feeders."""
-    out = []
     switches = {s.name for s in plan.switches}
-    fabric = plan.fabric_links
-    for link in fabric:
-        for node, port, peer in ((link.a, link.a_port, link.b), (link.b, link.b_port, link.a)):
-            if node not in switches:
-                continue
+    links_of: dict[str, list] = {name: [] for name in switches}
+    link_at = {}
+    for link in plan.fabric_links:
+        for here, port, peer, peer_port in ((link.a, link.a_port, link.b, link.b_port),
+                                            (link.b, link.b_port, link.a, link.a_port)):
+            if here in switches:
+                links_of[here].append((port, peer, peer_port))
+                link_at[(here, port)] = link
+    pfc_on = plan.scenario.queues.pfc is not None
+    if pfc_on:  # each switch's ports toward each GPU, looked up once
+        addrs = [int(ipaddress.ip_address(h.addr)) for h in plan.hosts]
+        toward = {sw: [table.ports(sw, a) for a in addrs] for sw in switches}
+        host_index = {h.name: i for i, h in enumerate(plan.hosts)}
+    out = []
+    for node in switches:
+        for port, peer, _ in links_of[node]:
+            link = link_at[(node, port)]
             feeders = ()
-            if plan.scenario.queues.pfc is not None:
-                feeders = tuple(f"{node}-eth{p}" for p in pfc.feeders(table, plan.hosts, fabric, switches, node, port))
+            if pfc_on:
+                feeders = tuple(f"{node}-eth{p}" for p in pfc.feeders(node, port, toward, links_of, host_index))
             out.append(queues.port_queue(plan.scenario.queues, node, port, peer, link.rate_bps, link.delay_ns,
                                          plan.dilation, feeders=feeders))
     return tuple(sorted(out, key=lambda pq: (pq.switch, pq.port)))
+
+
+def _placement(fabric) -> list:
+    """(server, local rank, leaf index, leaf port - 1) of every GPU, in server order."""
+    g = fabric.gpus_per_server
+    if fabric.kind == "rail-optimised":  # GPU k of every server on rail leaf k
+        slots = [[(s + 1, k) for s in range(fabric.servers)] for k in range(g)]
+    else:
+        slots, server = [], 0
+        for leaf in fabric.leaves:
+            row = []
+            for n in range(leaf.hosts):
+                if n % g == 0:
+                    server += 1
+                row.append((server, n % g))
+            slots.append(row)
+    return sorted((server, rank, li, n) for li, row in enumerate(slots) for n, (server, rank) in enumerate(row))
+
+
+def _hosts(fabric, leaves, placed) -> tuple[list, list]:
+    """The GPU hosts and their links to their leaves."""
+    hosts, links = [], []
+    nv = fabric.gpus_per_server > 1
+    for idx, (server, rank, li, n) in enumerate(placed, start=1):
+        leaf, name = leaves[li], f"h{idx}"
+        nv_net = f"10.{128 + server // 256}.{server % 256}"
+        hosts.append(Host(
+            name=name, index=idx, server=server, local_rank=rank, leaf=leaf.name, leaf_port=n + 1,
+            ip=f"10.0.{li + 1}.{n + 1}/16", mac=_mac(1, li + 1, n + 1),
+            nvlink_ip=f"{nv_net}.{rank + 1}/24" if nv else None,
+            nvlink_mac=_mac(2, server, rank + 1) if nv else None,
+        ))
+        links.append(Link("host", name, 0, leaf.name, n + 1, fabric.host_link.rate_bps, fabric.host_link.delay_ns))
+    return hosts, links
+
+
+def _uplinks(fabric, spines, leaves) -> list:
+    """Each leaf's uplinks, spread round-robin over the spines."""
+    links, spine_port = [], {s.name: 0 for s in spines}
+    for leaf, spec in zip(leaves, fabric.leaves):
+        for u in range(spec.uplinks.count):
+            spine = spines[u % len(spines)]
+            spine_port[spine.name] += 1
+            links.append(Link("uplink", leaf.name, spec.hosts + u + 1, spine.name, spine_port[spine.name],
+                              spec.uplinks.link.rate_bps, spec.uplinks.link.delay_ns))
+    return links
+
+
+def _servers(fabric, hosts, links) -> list:
+    """The servers; in multi-GPU servers, each GPU's link to the server's NVLink bridge
+    (added to ``links``)."""
+    by_server: dict[int, list] = {}
+    for h in hosts:
+        by_server.setdefault(h.server, []).append(h)
+    servers = []
+    for s in range(1, max(by_server, default=0) + 1):
+        members = by_server.get(s, [])
+        bridge = f"nvl{s}" if fabric.gpus_per_server > 1 else None
+        servers.append(Server(f"server{s}", s, tuple(h.name for h in members), bridge))
+        if bridge:
+            links += [Link("nvlink", h.name, 1, bridge, h.local_rank + 1, fabric.nvlink_rate_bps, 0) for h in members]
+    return servers
