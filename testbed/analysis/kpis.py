@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 
 from testbed.analysis import fidelity
-from testbed.model import queues, schedule
+from testbed.model import collectives, queues
 
 SCHEMA = "testbed-summary/1"
 DCTCP_K_DIVISOR = 7  # K > C x RTT / 7 (Alizadeh et al., DCTCP)
@@ -99,7 +99,7 @@ def _collectives(r) -> dict:
         if c.get("time_ns"):
             c["algbw_bps"] = c["bytes"] * 8 / (c["time_ns"] / 1e9)
             if "busbw_bps" not in c:
-                c["busbw_bps"] = schedule.bus_bandwidth_bps(c["bytes"], c["ranks"], c["time_ns"], c["algorithm"])
+                c["busbw_bps"] = collectives.bus_bandwidth_bps(c["bytes"], c["ranks"], c["time_ns"], c["algorithm"])
         rows.append(c)
     out = {"items": rows}
     for phase in sorted({c["phase"] for c in rows}):

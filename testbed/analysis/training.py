@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from testbed.jsonlines import read_events
-from testbed.model import schedule
+from testbed.model import collectives
 from testbed.wire import roce
 
 QP_TOTALS = ("packets_sent", "retransmitted", "timeouts", "naks_sent", "cnps_sent", "cnps_received", "ce_received",
@@ -71,7 +71,7 @@ def _collective(c: dict, got: list, dilation: float, link_bps: float) -> dict:
     if c.get("ideal_ns"):
         row.update(ideal_ns=c["ideal_ns"], ratio=elapsed / c["ideal_ns"])
     if c["phase"] == "dp" and elapsed > 0:
-        busbw = schedule.bus_bandwidth_bps(c["bytes"], c["ranks"], elapsed, c["algorithm"])
+        busbw = collectives.bus_bandwidth_bps(c["bytes"], c["ranks"], elapsed, c["algorithm"])
         row.update(busbw_bps=busbw, busbw_of_line=busbw / link_bps)
     return row
 

@@ -19,15 +19,7 @@ of every gradient bucket. With pipelining (GPipe or 1F1B over ``micro_batches``)
 stage runs its forward/backward per micro-batch, receiving activations from the stage
 before and gradients from the stage after, then the data-parallel collective among the
 ranks of its stage.
-
-Collectives and their analytical ideal (B: link payload rate, a: per-step latency):
-- ring AllReduce: reduce-scatter + all-gather, 2(n-1) steps of S/n; 2(n-1)/n S/B + 2(n-1)a
-- halving-doubling (n a power of two): recursive halving reduce-scatter then recursive
-  doubling all-gather, 2 log2(n) steps exchanging S/2, S/4, ...; 2(n-1)/n S/B + 2 log2(n) a
-- reduce-scatter / all-gather alone (ring): (n-1)/n S/B + (n-1) a
-- all-to-all: every rank sends S/n to every other at once; (n-1)/n S/B + a
-- hierarchical: ring reduce-scatter on NVLink inside each server, ring AllReduce of S/g
-  across servers among GPUs of the same rank (the rails), ring all-gather on NVLink.
+The collectives' analytical ideal and bus bandwidth are in ``collectives``.
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from testbed.wire import roce
+from testbed.model.collectives import chunk_sizes, collective_ideal_ns
 from testbed.errors import ConfigError
 from testbed.config.workload import Workload
 
@@ -98,59 +90,22 @@ def ranks(workload: Workload, hosts) -> list:
     return lay.dp_groups[(0, 0)]
 
 
-def chunk_sizes(total_bytes: int, n: int) -> list:
-    """S cut into n chunks, each a multiple of 4 bytes (RoCE payloads are 4-byte aligned)."""
-    words = -(-total_bytes // 4)
-    base, extra = divmod(words, n)
-    return [4 * (base + (1 if i < extra else 0)) for i in range(n)]
-
-
-def payload_bps(link_bps: float, mtu_bytes: int) -> float:
-    return link_bps * mtu_bytes / roce.wire_bytes(mtu_bytes)
-
-
-def ring_ideal_ns(size_bytes: int, n: int, link_bps: float, mtu_bytes: int, step_latency_ns: float = 0.0) -> float:
-    """Ideal ring AllReduce time (real ns) on links of ``link_bps``: 2(n-1)/n x S at the
-    link's payload rate (every packet carries ``roce.HEADER_BYTES`` of headers) plus
-    2(n-1) x the per-step latency (path propagation)."""
-    return 2 * (n - 1) / n * size_bytes * 8 / payload_bps(link_bps, mtu_bytes) * 1e9 + 2 * (n - 1) * step_latency_ns
-
-
-def collective_ideal_ns(algorithm: str, size_bytes: int, n: int, link_bps: float, mtu_bytes: int,
-                        latency_ns: float = 0.0, nvlink_bps: float = 0.0, g: int = 1) -> float:
-    """The analytical ideal of one collective (see the module docstring)."""
-    b = payload_bps(link_bps, mtu_bytes)
-    if n < 2:
-        return 0.0
-    if algorithm == "ring":
-        return ring_ideal_ns(size_bytes, n, link_bps, mtu_bytes, latency_ns)
-    if algorithm == "halving-doubling":
-        return 2 * (n - 1) / n * size_bytes * 8 / b * 1e9 + 2 * math.log2(n) * latency_ns
-    if algorithm in ("reduce-scatter", "all-gather"):
-        return (n - 1) / n * size_bytes * 8 / b * 1e9 + (n - 1) * latency_ns
-    if algorithm == "all-to-all":
-        return (n - 1) / n * size_bytes * 8 / b * 1e9 + latency_ns
-    if algorithm == "hierarchical":
-        servers = n // g
-        nv = payload_bps(nvlink_bps, mtu_bytes)
-        intra = 2 * (g - 1) / g * size_bytes * 8 / nv * 1e9 if g > 1 else 0.0
-        return intra + ring_ideal_ns(size_bytes // g, servers, link_bps, mtu_bytes, latency_ns)
-    raise ValueError(algorithm)
-
-
-def bus_bandwidth_bps(size_bytes: int, n: int, elapsed_ns: float, algorithm: str = "ring") -> float:
-    """nccl-tests: algbw = S / t; busbw = algbw x 2(n-1)/n for AllReduce, x (n-1)/n for
-    reduce-scatter, all-gather and all-to-all (bits/s)."""
-    factor = (n - 1) / n if algorithm in ("reduce-scatter", "all-gather", "all-to-all") else 2 * (n - 1) / n
-    return size_bytes * 8 / (elapsed_ns / 1e9) * factor
-
-
 class _Builder:
-    def __init__(self, names):
+    """Builds the collectives and the ops of the GPUs in ``members`` (None: every GPU). With
+    no members it lists the collectives alone, in time linear in the GPUs: a 1024-GPU ring
+    has millions of ops, which only a run needs (and runs are far smaller)."""
+
+    def __init__(self, names, members=None):
         self.ops = {name: [] for name in names}
         self.collectives = []
+        self.members = None if members is None else set(members)
+
+    def wants(self, name) -> bool:
+        return self.members is None or name in self.members
 
     def add(self, name, **kw) -> int:
+        if not self.wants(name):
+            return -1
         op = Op(id=len(self.ops[name]), **kw)
         self.ops[name].append(op)
         return op.id
@@ -171,6 +126,9 @@ class _Builder:
             steps = range(n - 1, 2 * (n - 1))
         ends = {}
         for r, name in enumerate(group):
+            if not self.wants(name):
+                ends[name] = ()
+                continue
             right, left = group[(r + 1) % n], group[(r - 1) % n]
             prev_recv, mine = None, []
             for step in steps:
@@ -190,6 +148,9 @@ class _Builder:
         rounds = int(math.log2(n))
         ends = {}
         for r, name in enumerate(group):
+            if not self.wants(name):
+                ends[name] = ()
+                continue
             prev, mine, step = None, [], 0
             sizes = [size // 2 ** (i + 1) for i in range(rounds)]
             plan = [(r ^ (1 << (rounds - 1 - i)), sizes[i]) for i in range(rounds)]  # halving
@@ -212,6 +173,9 @@ class _Builder:
         share = chunk_sizes(size, n)[0]
         ends = {}
         for r, name in enumerate(group):
+            if not self.wants(name):
+                ends[name] = ()
+                continue
             mine = []
             for j in range(1, n):  # staggered so every rank starts on a different peer
                 peer = group[(r + j) % n]
@@ -266,13 +230,14 @@ def build(workload: Workload, hosts) -> dict:
 
 
 def build_plan(workload: Workload, hosts, link_bps: float = 0.0, nvlink_bps: float = 0.0,
-               latency_ns: float = 0.0) -> tuple:
+               latency_ns: float = 0.0, members=None) -> tuple:
     """(ops per GPU, collectives): the collectives list every collective with its group,
-    bytes and (when rates are given) analytical ideal."""
+    bytes and (when rates are given) analytical ideal. Ops are built for ``members`` only
+    (None: every GPU; an empty set: none, the collectives alone)."""
     wl = workload
     hosts_by = {h.name: h for h in hosts}
     lay = layout(wl, hosts)
-    b = _Builder(lay.order)
+    b = _Builder(lay.order, members)
     last = {name: () for name in lay.order}
     for it in range(wl.iterations):
         if wl.pipeline == 1:
@@ -295,9 +260,10 @@ def build_plan(workload: Workload, hosts, link_bps: float = 0.0, nvlink_bps: flo
                                            {"bucket": bucket, "stage": key[0], "tp_rank": key[1]})
                     last.update(ends)
     for c in b.collectives:
+        if c["algorithm"] == "hierarchical":
+            c["per_server"] = c["ranks"] // len({hosts_by[x].server for x in c["gpus"]})
         if link_bps and c["phase"] == "dp":
-            servers = len({hosts_by[x].server for x in c["gpus"]})
-            g = c["ranks"] // servers if c["algorithm"] == "hierarchical" else 1
+            g = c.get("per_server", 1)
             c["ideal_ns"] = collective_ideal_ns(c["algorithm"], c["bytes"], c["ranks"], link_bps, wl.mtu_bytes,
                                                 latency_ns, nvlink_bps, g)
         elif nvlink_bps and c["phase"] == "tp":

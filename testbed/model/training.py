@@ -8,7 +8,8 @@ emulated, and the ideal of one whole iteration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 
 from testbed.model import schedule
 
@@ -17,12 +18,22 @@ RTO_REAL_NS = 128_000  # RoCE retransmission timeout in real time (x dilation in
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    ops: dict  # GPU name -> tuple of schedule.Op
     collectives: tuple  # dicts: id, iteration, phase, algorithm, bytes, ranks, gpus, ideal_ns, ...
     ideal: dict  # one iteration's analytical ideal, real ns, and what it is made of
     ranks: dict  # GPU name -> {"rank", "stage", "dp", "tp"}
     transport: dict  # what every agent runs with: MTU, DCQCN and its parameters, RTO, line rates
     iterations: int
+    expand: object = field(repr=False, compare=False, default=None)  # members (None: all) -> ops per GPU
+
+    @cached_property
+    def ops(self) -> dict:
+        """GPU name -> tuple of schedule.Op: built when first asked for (a run, a digest), never
+        by ``show`` of a large fabric, where a ring has millions of them."""
+        return self.expand(None)
+
+    def ops_of(self, members) -> dict:
+        """The ops of some GPUs only (the others' lists are empty)."""
+        return self.expand(set(members))
 
     def to_dict(self) -> dict:
         return {"iterations": self.iterations, "ideal": self.ideal, "transport": self.transport,
@@ -35,15 +46,20 @@ def plan_training(plan, workload, table) -> TrainingPlan:
     nvlink_bps = plan.scenario.fabric.nvlink_rate_bps
     lay = schedule.layout(workload, plan.hosts)
     latency_ns = max_ring_propagation_ns(plan, lay.dp_groups[(0, 0)], table) if plan.link_delay else 0
-    ops, collectives = schedule.build_plan(workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
+    build = partial(schedule.build_plan, workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
+    _, collectives = build(members=())
     ranks = {name: {"rank": r, "stage": lay.stage[name], "dp": lay.dp_rank[name], "tp": lay.tp_rank[name]}
              for r, name in enumerate(lay.order)}
     transport = {"mtu_bytes": workload.mtu_bytes, "dcqcn": workload.dcqcn,
                  "dcqcn_params": dict(workload.dcqcn_params), "rto_ns": RTO_REAL_NS,
                  "fabric_line_bps": link_bps, "nvlink_line_bps": nvlink_bps}
-    return TrainingPlan(ops={k: tuple(v) for k, v in ops.items()}, collectives=tuple(collectives),
-                        ideal=ideal(workload, collectives, link_bps, latency_ns), ranks=ranks, transport=transport,
-                        iterations=workload.iterations)
+    return TrainingPlan(collectives=tuple(collectives), ideal=ideal(workload, collectives, link_bps, latency_ns),
+                        ranks=ranks, transport=transport, iterations=workload.iterations,
+                        expand=partial(_expand, build))
+
+
+def _expand(build, members) -> dict:
+    return {gpu: tuple(ops) for gpu, ops in build(members=members)[0].items()}
 
 
 def ideal(workload, collectives, link_bps: float, latency_ns: float) -> dict:

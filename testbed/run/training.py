@@ -25,9 +25,9 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
     ideal_emulated_s = tp.iterations * plan.dilation.duration_ns(tp.ideal["iteration_ns"]) / 1e9
     progress = None
     try:
-        with Agents(fab, list(tp.ops), plan_path, records_dir, record) as agents:
+        with Agents(fab, list(tp.ranks), plan_path, records_dir, record) as agents:
             LOG.info("training: %d GPUs (DP %d x PP %d x TP %d), %d iterations; gradients %s by %s; ideal %s per "
-                     "iteration (%.1fs emulated in all)", len(tp.ops), wl.data, wl.pipeline, wl.tensor,
+                     "iteration (%.1fs emulated in all)", len(tp.ranks), wl.data, wl.pipeline, wl.tensor,
                      tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
                      units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
             progress = Progress(tp.ops, records_dir, tp.iterations)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from testbed.errors import ConfigError
+from testbed.model import collectives
 from testbed.model.plan import Plan
 from testbed.units import format_duration, format_rate, format_size
 
@@ -109,7 +110,7 @@ def _pfc(q) -> str:
 def _workload(plan, wl) -> list:
     """Ranks on GPUs and what the planned schedule sends where: per step of the first
     data-parallel collective, and per iteration on the fabric vs on NVLink."""
-    ops, collectives, ranks = plan.training.ops, plan.training.collectives, plan.training.ranks
+    collectives, ranks = plan.training.collectives, plan.training.ranks
     out = [f"workload {wl.name}: {wl.iterations} iterations; DP {wl.data} x PP {wl.pipeline} x TP {wl.tensor}; "
            f"compute forward {format_duration(wl.forward_ns)} + backward {format_duration(wl.backward_ns)}"
            + (f" per micro-batch, {wl.micro_batches} micro-batches ({wl.pipeline_schedule})" if wl.pipeline > 1
@@ -133,8 +134,11 @@ def _workload(plan, wl) -> list:
         c = first[0]
         out.append(f"  data-parallel {c['algorithm']} of {format_size(c['bytes'])} over "
                    f"{' '.join(c['gpus'])}; per step:")
+        # the first members' ops (a step lists 8 sends): a large ring has millions of ops
+        shown = c["gpus"] if c["ranks"] <= 64 else c["gpus"][:9]
+        ops = plan.training.ops_of(shown)
         steps = {}
-        for name in c["gpus"]:
+        for name in shown:
             for op in ops[name]:
                 if op.collective == c["id"] and op.kind == "send":
                     steps.setdefault(op.step, []).append(f"{name}->{op.peer} {format_size(op.bytes)}"
@@ -143,10 +147,20 @@ def _workload(plan, wl) -> list:
             out.append(f"    step {step:<2} " + ", ".join(sends[:8]) + (" ..." if len(sends) > 8 else ""))
         if len(steps) > 8:
             out.append(f"    ... {len(steps)} steps in all")
-    fabric = sum(op.bytes for lst in ops.values() for op in lst
-                 if op.kind == "send" and op.iteration == 0 and op.link == "fabric")
-    nvlink = sum(op.bytes for lst in ops.values() for op in lst
-                 if op.kind == "send" and op.iteration == 0 and op.link == "nvlink")
+    fabric, nvlink = iteration_bytes(plan.training, wl)
     out.append(f"  per iteration: {format_size(fabric)} on the fabric, {format_size(nvlink)} on NVLink "
                f"(payload bytes sent by all GPUs)")
     return out
+
+
+def iteration_bytes(training, wl) -> tuple[int, int]:
+    """Payload bytes all GPUs send in one iteration, on the fabric and on NVLink: every
+    collective's (in closed form) and the pipeline's activations and gradients."""
+    fabric = nvlink = 0
+    for c in training.collectives:
+        if c["iteration"] == 0:
+            sent = collectives.sent_bytes(c)
+            fabric, nvlink = fabric + sent["fabric"], nvlink + sent["nvlink"]
+    if wl.pipeline > 1:  # per chain and micro-batch, one hop forward and one back per stage boundary
+        fabric += wl.pipeline_bytes * wl.micro_batches * 2 * (wl.pipeline - 1) * wl.data * wl.tensor
+    return fabric, nvlink

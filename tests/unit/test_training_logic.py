@@ -5,7 +5,7 @@ from collections import defaultdict
 
 import pytest
 
-from testbed.model import plan as planning, schedule
+from testbed.model import collectives, plan as planning, schedule
 from testbed.wire import roce
 from testbed.config import scenario
 from testbed.agent.dcqcn import Params, ReactionPoint
@@ -25,7 +25,7 @@ def test_rail_mapping_walks_each_rail_across_servers():
 
 
 def test_chunks_cover_the_message_in_4_byte_units():
-    sizes = schedule.chunk_sizes(1_000_003, 8)
+    sizes = collectives.chunk_sizes(1_000_003, 8)
     assert sum(sizes) >= 1_000_003 and sum(sizes) - 1_000_003 < 4 and all(s % 4 == 0 for s in sizes)
 
 
@@ -54,8 +54,8 @@ def test_ring_schedule_is_consistent_and_every_rank_sees_every_chunk():
         assert sum(o.kind == "compute" for o in lst) == 2 * 2  # forward and backward, 2 iterations
         assert sum(o.kind == "recv" for o in lst) == 2 * 2 * (n - 1)
     assert sends == recvs  # matched in order, pair by pair
-    chunks = schedule.chunk_sizes(1_000_000, n)
-    chunks = schedule.chunk_sizes(1_000_000, 3)  # unequal chunks, so a wrong index shows
+    chunks = collectives.chunk_sizes(1_000_000, n)
+    chunks = collectives.chunk_sizes(1_000_000, 3)  # unequal chunks, so a wrong index shows
     p = default_plan("workload.collective.bytes=1000000B", "fabric.servers=1", "fabric.gpus_per_server=3")
     ops = schedule.build(p.scenario.workload, p.hosts)
     order = schedule.ranks(p.scenario.workload, p.hosts)
@@ -69,10 +69,10 @@ def test_ring_schedule_is_consistent_and_every_rank_sees_every_chunk():
 
 def test_ring_ideal_and_bus_bandwidth():
     # 8 ranks, 2 MB at 400G with 4096-byte payloads: 2 x 7/8 x 2 MB / (400G x 4096/4154)
-    t = schedule.ring_ideal_ns(2_000_000, 8, 400e9, 4096)
+    t = collectives.ring_ideal_ns(2_000_000, 8, 400e9, 4096)
     assert t == pytest.approx(1.75 * 2e6 * 8 / (400e9 * 4096 / 4154) * 1e9)
-    assert schedule.ring_ideal_ns(2_000_000, 8, 400e9, 4096, step_latency_ns=500) == pytest.approx(t + 14 * 500)
-    assert schedule.bus_bandwidth_bps(2_000_000, 8, t) == pytest.approx(400e9 * 4096 / 4154)
+    assert collectives.ring_ideal_ns(2_000_000, 8, 400e9, 4096, step_latency_ns=500) == pytest.approx(t + 14 * 500)
+    assert collectives.bus_bandwidth_bps(2_000_000, 8, t) == pytest.approx(400e9 * 4096 / 4154)
 
 
 def test_model_front_end_buckets_gradients():
@@ -278,3 +278,39 @@ def test_dcqcn_alpha_rises_in_periods_with_a_cnp_and_decays_in_the_others():
     rp.on_cnp(2_500)
     rp.tick(3_000)
     assert rp.alpha == pytest.approx((1 - p.g) ** 2 + p.g)
+
+
+@pytest.mark.parametrize("sets", [
+    [], ["workload.collective.bytes=1000003"], ["workload.parallelism.tensor=4"],
+    ["workload.parallelism.pipeline=2", "workload.parallelism.tensor=2", "workload.pipeline_schedule=gpipe"],
+    ["workload.parallelism.pipeline=4", "workload.micro_batches=3"],
+    ["workload.collective.algorithm=halving-doubling", "workload.collective.bytes=999999"],
+    ["workload.collective.algorithm=hierarchical"], ["workload.collective.algorithm=all-to-all"],
+    ["workload.collective.algorithm=reduce-scatter"], ["workload.collective.algorithm=all-gather"],
+    ["workload.collective.bucket=700KB"],
+], ids=["ring", "ring-odd", "tp4", "pp2-tp2", "pp4", "hd", "hierarchical", "a2a", "rs", "ag", "buckets"])
+def test_closed_form_bytes_equal_the_built_schedule(sets):
+    """What `show` says an iteration sends (closed forms, no ops built) is what the ops the
+    agents run send, per link."""
+    from testbed.views.show import iteration_bytes
+
+    p = planning.build(scenario.load("default", sets), "user")
+    sent = {"fabric": 0, "nvlink": 0}
+    for ops in p.training.ops.values():
+        for op in ops:
+            if op.kind == "send" and op.iteration == 0:
+                sent[op.link] += op.bytes
+    assert iteration_bytes(p.training, p.scenario.workload) == (sent["fabric"], sent["nvlink"])
+    assert sent["fabric"] + sent["nvlink"] > 0
+
+
+def test_collectives_are_listed_without_building_ops():
+    """The plan lists every collective from a build with no members, identical to the full
+    build's, and builds the ops only when asked."""
+    p = planning.build(scenario.load("default", ["workload.parallelism.tensor=2"]), "user")
+    assert "ops" not in p.training.__dict__
+    full = schedule.build_plan(p.scenario.workload, p.hosts, 400e9, 3.6e12)[1]
+    assert [{k: v for k, v in c.items() if k != "ideal_ns"} for c in p.training.collectives] == \
+        [{k: v for k, v in c.items() if k != "ideal_ns"} for c in full]
+    some = p.training.ops_of(["h1"])
+    assert some["h1"] == p.training.ops["h1"] and some["h2"] == ()
