@@ -236,6 +236,45 @@ def test_an_interrupted_iteration_stays_out_of_the_kpis(tmp_path, clean_slate):
     assert "Traceback" not in err
 
 
+def test_sigkill_mid_training_leaves_no_process_of_ours(tmp_path, clean_slate):
+    """SIGKILL of the run during training: its controller, PFC process and GPU agents end
+    with it (parent-death signal), and `clean` then removes every bridge, interface, BPF
+    pin and process the run left."""
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--results", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+
+    def training():
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early with {proc.returncode}")
+        return any('"op"' in p.read_text() for p in tmp_path.glob("*/agents/*.jsonl"))
+
+    wait_for(training, 600, "the GPU agents to finish their first op")
+    (run_dir,) = list(tmp_path.iterdir())
+    record = json.loads((registry.REGISTRY_DIR / f"{manifest(run_dir)['run_id']}.json").read_text())
+    ours = {}
+    for p in record["processes"]:
+        try:
+            cmdline = Path(f"/proc/{p['pid']}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "-m testbed." in cmdline:  # not Mininet's host shells, which belong to the fabric
+            ours[p["pid"]] = cmdline
+    kinds = {k for k in ("testbed.controller", "testbed.apply.pfc", "testbed.agent") if any(k in c for c in ours.values())}
+    assert kinds == {"testbed.controller", "testbed.apply.pfc", "testbed.agent"}, ours
+    proc.kill()
+    proc.communicate(timeout=30)
+    for pid, cmdline in ours.items():
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 15, f"{cmdline.strip()} (pid {pid}) to end with the run")
+    pins = Path("/sys/fs/bpf/testbed") / manifest(run_dir)["run_id"]
+    res = subprocess.run([sys.executable, "-m", "testbed", "clean"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert not pins.exists() and not (registry.REGISTRY_DIR / f"{manifest(run_dir)['run_id']}.json").exists()
+    for p in record["processes"]:
+        wait_for(lambda: not registry.process_alive(p["pid"], p["start_time"]), 10, f"process {p['pid']} to end")
+    # clean_slate checks no link, bridge or namespace is left
+
+
 def test_clean_after_sigkill(tmp_path, clean_slate):
     proc, run_dir, record = _start_held_run(tmp_path)
     controller_pid = next(json.loads(line)["pid"] for line in (run_dir / "controller-events.jsonl").read_text()
