@@ -1,2 +1,3 @@
-"""Emulated GPUs: the agent process (``runner``), its transport (``transport``) and
-congestion control (``dcqcn``)."""
+"""Emulated GPUs: the agent process (``runner``: its event loop), its NICs and connections
+(``channel``), transport (``transport``), congestion control (``dcqcn``) and settings from
+the plan (``config``)."""

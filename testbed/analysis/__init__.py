@@ -1,0 +1,2 @@
+"""A run folder back into numbers: pandas frames, training results, KPIs, the fidelity
+guard, the HTML report. No root."""

@@ -267,7 +267,7 @@ def render(r, s: dict) -> str:
         body.append(_fig_html(fig, f"plot-{key}") if fig is not None else "<p><i>nothing to plot in this run</i></p>")
     body.append("<h2>Files</h2><p class='how'>Everything here comes from the run folder: "
                 "<code>python3 -m testbed report RUN_DIR</code> rebuilds this page, "
-                "<code>testbed.results.load(RUN_DIR)</code> gives the same data as pandas frames.</p>")
+                "<code>testbed.analysis.results.load(RUN_DIR)</code> gives the same data as pandas frames.</p>")
     return _page(title, body)
 
 
