@@ -1,5 +1,33 @@
+"""``python -m testbed.agent PLAN_JSON GPU RECORDS``: one emulated GPU, started by the run
+in the GPU's namespace. Prints ``ready`` once its sockets are open, reads the shared start
+time and deadline from stdin, runs its ops, prints ``done``, and answers its peers until
+the run closes stdin (closed earlier, during the ops: it stops)."""
+
+import json
 import sys
 
-from testbed.agent.runner import main
+from testbed.agent.config import from_plan
+from testbed.agent.runner import Agent
+
+
+def main(argv=None) -> int:
+    plan_path, gpu, records = sys.argv[1:] if argv is None else argv
+    with open(plan_path) as f:
+        agent = Agent(from_plan(json.load(f), gpu, records), control=sys.stdin)
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 3  # the run went away before starting us
+    start_ns, deadline_ns = (int(x) for x in line.split())
+    try:
+        rc = agent.run(start_ns, deadline_ns)
+        if rc == 0:
+            print("done", flush=True)
+            agent.linger(sys.stdin)
+        return rc
+    finally:
+        agent.report()
+        agent.out.close()
+
 
 sys.exit(main())

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import select
 import socket
-import sys
 import time
 from collections import defaultdict, deque
 
@@ -32,11 +31,11 @@ from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params
 from testbed.agent.channel import Channel, Nic
-from testbed.agent.config import from_plan
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_RX_BATCH = 256
 IDLE_WAKE_NS = 50_000_000
+CONTROL_CHECK_NS = 10_000_000  # how often a busy loop looks whether the run closed our stdin
 # counter names (count, summed lateness, worst lateness) in the NIC record, for Agent.late
 TX_LATE = ("tx_count", "tx_late_ns", "tx_late_max_ns")
 TIMER_LATE = ("timer_count", "timer_late_ns", "timer_late_max_ns")
@@ -63,8 +62,9 @@ class Agent:
     runs against a fake clock and fake sockets in the unit tests."""
 
     def __init__(self, cfg: dict, clock=time.monotonic_ns, wait=wait_readable, open_nic=Nic, open_rx=open_rx,
-                 open_pause=pfc.open_socket):
+                 open_pause=pfc.open_socket, control=None):
         self.cfg = cfg
+        self.control = control  # the run's pipe: closed = stop (the run was interrupted or failed)
         self.clock, self.wait = clock, wait
         self.name, self.index = cfg["gpu"], cfg["index"]
         self.d = Dilation(cfg["dilation"])
@@ -134,17 +134,26 @@ class Agent:
         self.prepare(start_ns)
         while self.clock() < start_ns:
             time.sleep(max(0.0, (start_ns - self.clock()) / 1e9))
+        next_control_check = 0
         while self.remaining:
             now = self.clock()
             if now > deadline_ns:
-                self.record(type="abort", reason="deadline", t_ns=now,
-                            waiting=[{"id": i, "kind": self.op_by_id[i]["kind"], "peer": self.op_by_id[i]["peer"]}
-                                     for i, s in self.state.items() if s != "done"][:20])
+                self.abort("deadline", now)
                 return 4
+            if self.control is not None and now >= next_control_check:
+                next_control_check = now + CONTROL_CHECK_NS
+                if select.select([self.control], [], [], 0)[0] and not self.control.readline():
+                    self.abort("stopped by the run", now)
+                    return 3
             timeout = max(0.0, (self.step(now) - self.clock()) / 1e9)
             if timeout > 0:
                 self.wait([self.rx, self.pause], min(timeout, 0.05))
         return 0
+
+    def abort(self, reason: str, now: int):
+        self.record(type="abort", reason=reason, t_ns=now,
+                    waiting=[{"id": i, "kind": self.op_by_id[i]["kind"], "peer": self.op_by_id[i]["peer"]}
+                             for i, s in self.state.items() if s != "done"][:20])
 
     def step(self, now: int) -> int:
         """One pass of the loop at ``now``; returns when the next thing is due. Ops that
@@ -376,23 +385,3 @@ class Agent:
                 nic[f"{n.link}_tx_blocked"] = n.blocked
         if nic:
             self.record(type="nic", **nic)
-
-
-def main(argv=None) -> int:
-    plan_path, gpu, records = sys.argv[1:] if argv is None else argv
-    with open(plan_path) as f:
-        agent = Agent(from_plan(json.load(f), gpu, records))
-    print("ready", flush=True)
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 3  # the run went away before starting us
-    start_ns, deadline_ns = (int(x) for x in line.split())
-    try:
-        rc = agent.run(start_ns, deadline_ns)
-        if rc == 0:
-            print("done", flush=True)
-            agent.linger(sys.stdin)
-        return rc
-    finally:
-        agent.report()
-        agent.out.close()

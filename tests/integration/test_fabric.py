@@ -370,12 +370,17 @@ def _us(text: str) -> float:
 
 
 def _kernel_bridge_works() -> bool:
-    """Independently of doctor: OVS accepts a bridge on its kernel datapath."""
+    """Independently of doctor: OVS opens a kernel (system) datapath for a bridge of ours
+    (``ovs-vsctl`` accepts the bridge either way; only ``dpif/show`` says whether
+    ovs-vswitchd got the datapath)."""
     name = f"tbk{os.getpid() % 100000}"
-    res = subprocess.run(["ovs-vsctl", "--timeout=20", "add-br", name, "--", "set", "bridge", name,
-                          "datapath_type=system"], capture_output=True, text=True, timeout=30)
-    subprocess.run(["ovs-vsctl", "--if-exists", "del-br", name], check=True, timeout=30)
-    return res.returncode == 0
+    subprocess.run(["ovs-vsctl", "--timeout=20", "add-br", name, "--", "set", "bridge", name,
+                    "datapath_type=system"], capture_output=True, text=True, timeout=30)
+    try:
+        shown = subprocess.run(["ovs-appctl", "dpif/show"], capture_output=True, text=True, timeout=30).stdout
+        return any(line.startswith("system@") for line in shown.splitlines())
+    finally:
+        subprocess.run(["ovs-vsctl", "--if-exists", "del-br", name], check=True, timeout=30)
 
 
 def _netem_delays_ping() -> bool:
