@@ -14,6 +14,7 @@ from testbed import run
 from testbed.config import scenario
 from testbed.apply.process import wait_for
 from testbed.analysis.training import load_records
+from testbed.jsonlines import read_events
 from conftest import run_trusted
 
 pytestmark = pytest.mark.integration
@@ -175,8 +176,15 @@ def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
     t = json.loads((result.run_dir / "training.json").read_text())["transport"]
     p = result.manifest["pfc"]
     assert p["xoff_sent"] > 0 and p["drops"] == 0, p
-    assert p["headroom_high_water_bytes"] <= min(q["headroom_bytes"] for q in json.loads(
-        (result.run_dir / "plan.json").read_text())["queues"])  # the formula's headroom was enough
+    # the formula's headroom was enough for every feeder: the emulation accounts the buffer
+    # per egress queue, so what its feeders (here a leaf's four GPUs) still send after XOFF
+    # adds up in one queue; a real switch accounts it per ingress port. Measured: 43-65 KB in
+    # all on the worst queue, against 60 KB of headroom per feeder
+    queues = {q["intf"]: q for q in json.loads((result.run_dir / "plan.json").read_text())["queues"]}
+    ports = [r for r in read_events(result.run_dir / "pfc.jsonl") if r.get("event") == "port"]
+    worst = max(ports, key=lambda r: r["headroom_high_water_bytes"])
+    q = queues[worst["port"]]
+    assert 0 < worst["headroom_high_water_bytes"] <= len(q["feeders"]) * q["headroom_bytes"], (worst, q["feeders"])
     assert t["retransmitted"] == 0 and t["naks_sent"] == 0 and t["timeouts"] == 0, t
     assert t["pause_frames_received"] > 0 and t["paused_real_ns"] > 0  # GPU NICs were paused too
     decoded = "".join(subprocess.run(["tshark", "-r", str(tmp_path / f"{h}.pcap"), "-V"], capture_output=True,
