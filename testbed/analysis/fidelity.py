@@ -12,6 +12,10 @@ emulation kept up with the time dilation it was given:
 - ``ovs_cpu``: ovs-vswitchd (whose userspace datapath forwards on one thread) was not
   saturated (p95 of its CPU use in cores);
 - ``telemetry``: the collector missed no poll;
+- ``reordering``: in a run where no queue dropped a packet, no packet of a flow arrived
+  out of order (flow-hashed ECMP keeps a flow on one path, so only the emulation can
+  reorder it: a busy host delivering one flow through two CPUs' backlogs); each such
+  arrival costs a go-back-N retransmission a real fabric would not have;
 - ``pfc_reaction``: the PFC process saw a queue cross XOFF and applied a received pause
   within a quarter of the peer response time the headroom formula budgets (1 us real):
   a slower emulated reaction lets more bytes in after XOFF than a real switch would.
@@ -33,6 +37,7 @@ LIMITS = {
     "host_cpu": 0.25,  # share of polls with the host >= SATURATED busy, at most
     "ovs_cpu": 0.95,  # p95 of ovs-vswitchd CPU in cores, at most
     "telemetry": 0,  # polls skipped, at most
+    "reordering": 0,  # out-of-order arrivals of a flow in a run without drops, at most
     "pfc_reaction": 0.25,  # the emulation's PFC reaction (real) / the headroom formula's response time, at most
 }
 SATURATED = 0.98
@@ -141,6 +146,19 @@ def telemetry_loss(r) -> dict | None:
                   f"the collector skipped {skipped} polls: it fell behind", 2.0, f"{len(p)} polls")
 
 
+def reordering(r) -> dict | None:
+    q, qps = r.queues, r.qps
+    if qps.empty or "out_of_order_received" not in qps or q.empty:
+        return None
+    last = q.sort_values("t_ns").groupby("intf").tail(1)  # the counters are cumulative
+    if int(last.drops.sum()) or ("tbf_drops" in last and int(last.tbf_drops.sum())):
+        return None  # a dropped packet also arrives "out of order": nothing to tell apart
+    n = int(qps.out_of_order_received.fillna(0).sum())
+    return _check("reordering", n, n <= LIMITS["reordering"],
+                  f"{n} packets arrived out of order on a fabric that dropped none: the host reordered them "
+                  f"(each cost a go-back-N retransmission)", 2.0, f"{len(qps)} queue pairs")
+
+
 def pfc_reaction(r) -> dict | None:
     p = r.manifest.get("pfc") or {}
     if not p.get("xoff_polls"):
@@ -155,7 +173,7 @@ def pfc_reaction(r) -> dict | None:
                   share / LIMITS["pfc_reaction"], f"{p['xoff_polls']} XOFF decisions")
 
 
-CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss, pfc_reaction)
+CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss, reordering, pfc_reaction)
 
 
 def check(r) -> dict:

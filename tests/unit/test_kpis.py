@@ -145,6 +145,22 @@ def test_fidelity_checks_the_pfc_reaction_against_the_headroom_budget(run_dir):
     assert "500 ns (real)" in by["pfc_reaction"]["cause"]
 
 
+def test_fidelity_says_when_the_host_reordered_a_flow(run_dir):
+    """Out-of-order arrivals in a run that dropped nothing can only be the emulation's
+    doing: not trusted. With a drop in the run they are the drop's gap: not judged."""
+    rows = [json.loads(line) for line in (run_dir / "agents" / "h1.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r["type"] == "qp":
+            r["out_of_order_received"] = 3
+    write(run_dir / "agents" / "h1.jsonl", rows)
+    assert "reordering" not in {c["name"] for c in fidelity.check(results.load(run_dir))["checks"]}  # a drop
+    queues = [json.loads(line) for line in (run_dir / "queues.jsonl").read_text().splitlines()]
+    write(run_dir / "queues.jsonl", [{**q, "drops": 0} for q in queues])
+    by = {c["name"]: c for c in fidelity.check(results.load(run_dir))["checks"]}
+    assert by["reordering"]["value"] == 3 and not by["reordering"]["ok"]
+    assert "3 packets arrived out of order" in by["reordering"]["cause"]
+
+
 @pytest.mark.parametrize("x,want", [(0.3, 1), (1, 1), (1.01, 2), (3, 5), (7, 10), (4000, 5000), (20001, 50000)])
 def test_nice_ceil(x, want):
     assert units.nice_ceil(x) == want
