@@ -56,7 +56,8 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     assert m["status"] == "ok", m["reason"]
     assert m["reachability"] == {"pairs": 56, "failures": []}  # 8 GPUs, every ordered pair
     # the bridges OVS really ran: netdev is the userspace datapath, system the kernel's
-    assert {"netdev": "user", "system": "kernel"}[seen["datapath_type"].strip('"')] == m["datapath"]
+    # (an empty datapath_type is OVS's default, the kernel's "system")
+    assert {"netdev": "user", "system": "kernel", "": "kernel"}[seen["datapath_type"].strip('"')] == m["datapath"]
     # auto dilation by hand: 8 GPUs x 400G x 3 hops over the datapath's forwarding budget
     # (400 Mbit/s userspace, 1 Gbit/s kernel), rounded up to 1/2/5 x 10^k
     assert m["dilation"] == {"user": 50000, "kernel": 10000}[m["datapath"]] and m["seed"] == 1
@@ -384,25 +385,28 @@ def _kernel_bridge_works() -> bool:
 
 
 def _netem_delays_ping() -> bool:
-    """Independently of doctor: a 50 ms netem delay on a veth pair of our own namespace
-    makes ping's round trip at least 50 ms (False if the kernel refuses netem)."""
-    ns = f"tbnetem{os.getpid() % 100000}"
-    ip = ["ip", "-n", ns]
-    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    """Independently of doctor: a 50 ms netem delay on one end of a veth pair between two
+    namespaces of our own makes ping's round trip at least 50 ms (False if the kernel
+    refuses netem)."""
+    a, b = f"tbnetema{os.getpid() % 100000}", f"tbnetemb{os.getpid() % 100000}"
+    for ns in (a, b):
+        subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
     try:
-        for argv in (ip + ["link", "add", "n0", "type", "veth", "peer", "name", "n1"],
-                     ip + ["addr", "add", "192.0.2.1/30", "dev", "n0"], ip + ["addr", "add", "192.0.2.2/30", "dev", "n1"],
-                     ip + ["link", "set", "n0", "up"], ip + ["link", "set", "n1", "up"]):
+        for argv in (["ip", "-n", a, "link", "add", "n0", "type", "veth", "peer", "name", "n1", "netns", b],
+                     ["ip", "-n", a, "addr", "add", "192.0.2.1/30", "dev", "n0"],
+                     ["ip", "-n", b, "addr", "add", "192.0.2.2/30", "dev", "n1"],
+                     ["ip", "-n", a, "link", "set", "n0", "up"], ["ip", "-n", b, "link", "set", "n1", "up"]):
             subprocess.run(argv, check=True, timeout=30)
-        added = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "n0", "root", "netem",
+        added = subprocess.run(["ip", "netns", "exec", a, "tc", "qdisc", "add", "dev", "n0", "root", "netem",
                                 "delay", "50ms"], capture_output=True, timeout=30).returncode == 0
         if not added:
             return False
-        out = subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "5", "192.0.2.2"],
+        out = subprocess.run(["ip", "netns", "exec", a, "ping", "-c", "1", "-W", "5", "192.0.2.2"],
                              capture_output=True, text=True, check=True, timeout=30).stdout
         return float(re.search(r"time=([0-9.]+) ms", out).group(1)) >= 50
     finally:
-        subprocess.run(["ip", "netns", "del", ns], timeout=30)
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], timeout=30)
 
 
 def test_doctor_says_which_datapath_and_whether_link_delay_is_emulated():
