@@ -26,6 +26,7 @@ from testbed.apply import capabilities, registry
 from testbed.apply.controller import Controller
 from testbed.apply.marker import PIN_ROOT
 from testbed.apply.process import free_tcp_port
+from testbed.controller import collector
 from testbed.config.scenario import Scenario
 from testbed.errors import RunError, TestbedError
 from testbed.model import plan as planning
@@ -127,7 +128,7 @@ class Run:
         self.manifest = Manifest(run_id=self.run_id, scenario=sc.name, datapath=datapath,
                                  dilation=self.plan.dilation.factor, dilation_reason=self.plan.dilation_reason,
                                  seed=sc.seed, link_delay_emulated=netem, versions=versions(capabilities.tool_version),
-                                 telemetry={"files": ["ports.jsonl", "ecn.jsonl", "queues.jsonl", "polls.jsonl"],
+                                 telemetry={"files": [f"{name}.jsonl" for name in collector.FILES],
                                             "interval_real_ns": self.plan.telemetry.interval_real_ns,
                                             "interval_emulated_ns": self.plan.telemetry.interval_emulated_ns})
         self.manifest.timings_s = self.timings
