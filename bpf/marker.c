@@ -149,7 +149,7 @@ int marker(struct __sk_buff *skb)
 	__u8 vihl_tos[2] = {0, 0}; /* IPv4 version/IHL byte and TOS */
 	__u64 len = skb->len, depth, span, now, epoch, rate, burst, buffer, kmin, kmax, pmax;
 	__u32 draw;
-	int is_ect = 0, is_control = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop */
+	int is_ip = 0, is_ect = 0, is_control = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop */
 
 	if (!c)
 		return TC_ACT_OK;
@@ -176,6 +176,7 @@ int marker(struct __sk_buff *skb)
 	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2) == 0 &&
 	    proto == bpf_htons(ETH_P_IP) &&
 	    bpf_skb_load_bytes(skb, ETH_HLEN, vihl_tos, 2) == 0 && (vihl_tos[0] >> 4) == 4) {
+		is_ip = 1;
 		is_ect = (vihl_tos[1] & ECN_MASK) != 0;
 		is_control = (vihl_tos[1] >> 2) == DSCP_CONTROL;
 	}
@@ -185,6 +186,11 @@ int marker(struct __sk_buff *skb)
 		__sync_fetch_and_add(&s->control_packets, 1);
 		return TC_ACT_OK;
 	}
+	/* Not IPv4: the one-frame restart the PFC process sends into the data queue when it
+	 * resumes the port (a TBF whose rate changed keeps the watchdog it set at the paused
+	 * rate, so its backlog waits for the next arrival otherwise). Not data: not modelled. */
+	if (!is_ip)
+		return TC_ACT_OK;
 	draw = bpf_get_prandom_u32();
 	now = bpf_ktime_get_ns(); /* no helper calls while holding the lock */
 

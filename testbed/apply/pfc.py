@@ -16,7 +16,10 @@ Every switch port also listens for PFC frames (an AF_PACKET socket for EtherType
 0x8808; OVS drops them in OpenFlow so they never reach a bridge's forwarding): on one,
 the port's data class stops (its TBF turns down to a few kbit/s, the marker's shadow
 stops draining) until quanta 0 arrives or the quanta run out (quanta x 512 bit-times at
-the real rate, x dilation). The control class (CNPs, ACKs) keeps flowing. Frames are
+the real rate, x dilation). On resume the TBF gets its rate back and one ignorable
+MAC-control frame (``pfc.restart_frame``) through the qdisc: Linux's TBF keeps the
+watchdog it set at the paused rate (seconds for one frame at a few kbit/s) across a rate
+change, so without it a backlog with no new arrival behind it would sit out that wait. The control class (CNPs, ACKs) keeps flowing. Frames are
 sent with PACKET_QDISC_BYPASS, so they do not wait behind the data they are meant to stop.
 
 Records (``pfc.jsonl`` in the run folder, as they happen): frames sent and received,
@@ -53,6 +56,7 @@ class Port:
     ifindex: int
     mac: str
     sock: socket.socket
+    restart: socket.socket  # through the qdiscs: restarts the TBF on resume (pfc.restart_frame)
     feeders: tuple  # interface names on the same switch
     hyst: Hysteresis | None
     paused_until_ns: int = 0  # our data class is paused by the neighbour until then
@@ -84,7 +88,7 @@ class Pfcd:
             pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
             hyst = Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
             self.ports[intf] = Port(pq=pq, ifindex=socket.if_nametoindex(intf), mac=mac, sock=pfc.open_socket(intf),
-                                    feeders=tuple(pq["feeders"]), hyst=hyst)
+                                    restart=pfc.open_restart_socket(intf), feeders=tuple(pq["feeders"]), hyst=hyst)
 
     def record(self, **fields):
         self.out.write(json.dumps(fields) + "\n")
@@ -141,6 +145,11 @@ class Pfcd:
             return
         rate = PAUSED_RATE_BPS if paused else pq["emulated_rate_bps"]
         self.tc.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
+        if not paused:
+            try:  # the TBF still waits on the watchdog it set at the paused rate: restart it now
+                port.restart.send(pfc.restart_frame(port.mac))
+            except OSError as exc:
+                self.record(t_ns=now, event="restart_failed", port=pq["intf"], error=str(exc))
         if paused:
             took = time.monotonic_ns() - now
             self.reaction["pause_apply_max_ns"] = max(self.reaction["pause_apply_max_ns"], took)

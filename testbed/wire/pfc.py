@@ -41,6 +41,14 @@ def frame(src_mac: str, quanta: dict[int, int]) -> bytes:
     return body + bytes(FRAME_BYTES - len(body))
 
 
+def restart_frame(src_mac: str) -> bytes:
+    """A PFC frame with an empty class-enable vector: it pauses nothing and every receiver
+    ignores it (OVS drops MAC control). The PFC process sends one into a port's data queue
+    when it resumes the port: Linux's TBF keeps the watchdog it set at the paused rate
+    across a rate change, so without an arrival the backlog would wait for it (seconds)."""
+    return frame(src_mac, {})
+
+
 def parse(data: bytes) -> tuple[str, dict[int, int]] | None:
     """(source MAC, {priority: quanta}) of a PFC frame, None for anything else."""
     if len(data) < 34 or data[:6] != PFC_DST_MAC:
@@ -73,6 +81,15 @@ def open_socket(intf: str) -> socket.socket:
     sock.bind((intf, ETH_P_ALL))
     sock.setblocking(False)
     return sock  # SO_ATTACH_FILTER copied the program: insns may go
+
+
+def open_restart_socket(intf: str) -> socket.socket:
+    """A send-only packet socket on ``intf`` whose frames go through the qdiscs (for
+    ``restart_frame``): protocol 0 receives nothing."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    sock.bind((intf, 0))
+    sock.setblocking(False)
+    return sock
 
 
 def drain(sock):

@@ -26,6 +26,12 @@ def test_frame_golden_bytes_and_round_trip():
     assert pfc.parse(bytes.fromhex("ffffffffffff020100000101080600010800060400010201")) is None  # ARP
 
 
+def test_restart_frame_enables_no_priority_so_every_receiver_ignores_it():
+    f = pfc.restart_frame("02:01:00:00:01:01")
+    assert f == bytes.fromhex("0180c2000001" "020100000101" "8808" "0101" "0000") + bytes(16) + bytes(26)
+    assert pfc.parse(f) == ("02:01:00:00:01:01", {})  # no priority: nothing paused or resumed
+
+
 @pytest.mark.parametrize("prio,quanta", [(-1, 1), (8, 1), (3, 0x10000)])
 def test_frame_rejects_out_of_range(prio, quanta):
     with pytest.raises(ValueError):
