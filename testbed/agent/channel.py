@@ -62,3 +62,16 @@ class Channel:
                                                                pkt.payload, roce.DSCP_DATA, roce.ECT0)
         body = payload if pkt.payload == len(payload) else payload[:pkt.payload]
         return tmpl.frame(pkt.opcode, pkt.psn & roce.PSN_MASK, pkt.ackreq, body)
+
+
+def udp_receive_errors(path: str = "/proc/net/snmp") -> int:
+    """Datagrams this GPU's namespace dropped on receive (a full socket buffer: the agent did
+    not read in time). Such a loss is the host's, not the fabric's: the fidelity guard says so."""
+    try:
+        lines = [line.split() for line in open(path) if line.startswith("Udp:")]
+    except OSError:
+        return 0
+    if len(lines) < 2:
+        return 0
+    row = dict(zip(lines[0][1:], lines[1][1:]))
+    return int(row.get("RcvbufErrors", 0)) + int(row.get("InErrors", 0))

@@ -30,7 +30,7 @@ from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params
-from testbed.agent.channel import Channel, Nic
+from testbed.agent.channel import Channel, Nic, udp_receive_errors
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_RX_BATCH = 256
@@ -380,8 +380,12 @@ class Agent:
                         bytes_received=r.bytes, dcqcn_cuts=rp.cuts, final_rate_bps=rp.rate_bps,
                         **{k: v for k, v in c.items() if k != "naks_received"})
         nic = dict(self.nic_counters)
+        dropped = udp_receive_errors()
+        if dropped:
+            nic["udp_receive_errors"] = dropped
         for n in self.nics.values():
             if n.blocked:
                 nic[f"{n.link}_tx_blocked"] = n.blocked
         if nic:
             self.record(type="nic", **nic)
+

@@ -154,8 +154,11 @@ def reordering(r) -> dict | None:
     if int(last.drops.sum()) or ("tbf_drops" in last and int(last.tbf_drops.sum())):
         return None  # a dropped packet also arrives "out of order": nothing to tell apart
     n = int(qps.out_of_order_received.fillna(0).sum())
+    lost = int(r.nics.udp_receive_errors.fillna(0).sum()) if "udp_receive_errors" in r.nics else 0
+    cause = (f"the GPUs' receive sockets dropped {lost} packets (an agent did not read in time)" if lost else
+             "the host reordered them")
     return _check("reordering", n, n <= LIMITS["reordering"],
-                  f"{n} packets arrived out of order on a fabric that dropped none: the host reordered them "
+                  f"{n} packets arrived out of order on a fabric that dropped none: {cause} "
                   f"(each cost a go-back-N retransmission)", 2.0, f"{len(qps)} queue pairs")
 
 

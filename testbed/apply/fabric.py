@@ -12,7 +12,9 @@ userspace datapath). On exit, normal or not, it stops the network.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+import zlib
 from pathlib import Path
 
 from mininet.link import Link as MnLink
@@ -105,6 +107,24 @@ def _disable_ipv6(interfaces):
             path.write_text("1\n")
 
 
+def rps_mask(name: str, ncpu: int) -> str:
+    """The one CPU (a hex mask) that takes every packet a veth end receives: one per
+    interface, spread over the CPUs by name."""
+    return f"{1 << (zlib.crc32(name.encode()) % ncpu):x}"
+
+
+def _steer_receive(interfaces):
+    """Every packet a veth end receives is processed on one CPU (RPS with a one-CPU mask).
+    Without it a veth delivers each packet on the CPU that sent it, and the senders here
+    (OVS's threads, a TBF's watchdog timer) move between CPUs: one flow's packets land in
+    two CPUs' backlogs and can overtake each other, which a real link never does."""
+    ncpu = os.cpu_count() or 1
+    for name in interfaces:
+        path = Path("/sys/class/net") / name / "queues" / "rx-0" / "rps_cpus"
+        if path.exists():
+            path.write_text(rps_mask(name, ncpu) + "\n")
+
+
 def _set_mtu(work_dir: Path, interfaces):
     """Jumbo frames on the root-namespace ends (switch ports, NVLink bridges): RoCE's
     4096-byte payload needs an IP MTU of 4140; hosts set theirs in ``_configure_hosts``."""
@@ -162,6 +182,7 @@ class MininetFabric:
             self.net.build()
             self.record.add(processes=[n.pid for n in self.net.hosts + self.net.controllers])
             _disable_ipv6(root_interfaces(self.plan))
+            _steer_receive([n for n in root_interfaces(self.plan) if "-eth" in n])
             # veth ends only: a Linux bridge (NVLink) takes the smallest MTU of its ports
             _set_mtu(self.work_dir, [n for n in root_interfaces(self.plan) if "-eth" in n])
             self.net.start()
@@ -214,6 +235,11 @@ class MininetFabric:
             procs.append((h.name, node.popen(["ip", "-batch", str(batch)])))
             procs.append((h.name, node.popen(["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
                                               "net.ipv6.conf.default.disable_ipv6=1"])))
+            # the GPU's end of its cable: RPS as on the switch ports (_steer_receive), written
+            # in a private mount of this namespace's sysfs
+            rps = f"/sys/class/net/{h.name}-eth0/queues/rx-0/rps_cpus"
+            procs.append((h.name, node.popen(["unshare", "--mount", "sh", "-c",
+                                              f"umount -l /sys && mount -t sysfs sysfs /sys && echo {rps_mask(h.name + '-eth0', os.cpu_count() or 1)} > {rps}"])))
             if self.datapath == "user":
                 for intf in node.intfList():
                     procs.append((h.name, node.popen(["ethtool", "-K", intf.name, "tx", "off"])))
