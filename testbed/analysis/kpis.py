@@ -150,10 +150,20 @@ def _pfc(r) -> dict:
     out = {"enabled": True, "pause_frames": p.get("frames_sent", 0), "xoff_frames": p.get("xoff_sent", 0),
            "paused_real_ns": p.get("paused_ns", 0) / d, "paused_ports": p.get("paused_ports", []),
            "headroom_high_water_bytes": p.get("headroom_high_water_bytes", 0), "drops": p.get("drops", 0)}
+    if _headroom_worst_port(r):
+        out["headroom_high_water_port"] = _headroom_worst_port(r)
     if not r.pfc_ports.empty:
         out["per_port"] = {row["port"]: {k: row[k] for k in ("frames_sent", "paused_ns") if k in row}
                            for row in r.pfc_ports.to_dict("records") if row.get("frames_sent") or row.get("paused_ns")}
     return out
+
+
+def _headroom_worst_port(r):
+    """The switch port whose PFC headroom filled most (None: no headroom used)."""
+    if r.pfc_ports.empty or "headroom_high_water_bytes" not in r.pfc_ports:
+        return None
+    worst = r.pfc_ports.sort_values("headroom_high_water_bytes").iloc[-1]
+    return worst["port"] if worst["headroom_high_water_bytes"] else None
 
 
 def _queue_depths(r) -> dict:
@@ -247,10 +257,31 @@ def _references(r) -> dict:
         out["dctcp_k_bytes"] = int(fastest["rate_bps"] * rtt_ns / 1e9 / 8 / DCTCP_K_DIVISOR)
         out["dctcp_k_rtt_ns"] = rtt_ns
         out["kmin_bytes"] = fastest.get("kmin_bytes") if fastest.get("ecn") else None  # None: ECN off
-        out["pfc_headroom_formula_bytes"] = queues.headroom_formula_bytes(fastest["rate_bps"],
-                                                                          fastest.get("delay_ns", 0))
-        out["pfc_headroom_configured_bytes"] = fastest.get("headroom_bytes")
+        out.update(_headroom_references(qs, _headroom_worst_port(r)))
     return out
+
+
+def _headroom_references(qs: list, worst_port) -> dict:
+    """The PFC headroom each kind of port needs (GPU ports: 3 m host cables; switch ports:
+    100 m uplinks) and has, and the same for the port whose headroom filled most."""
+    out = {"pfc_headroom_per_port_kind": {}}
+    for kind, ports in (("gpu_ports", [q for q in qs if not _is_switch(q["peer"])]),
+                        ("switch_ports", [q for q in qs if _is_switch(q["peer"])])):
+        if ports:
+            out["pfc_headroom_per_port_kind"][kind] = {
+                "formula_bytes": max(queues.headroom_formula_bytes(q["rate_bps"], q.get("delay_ns", 0)) for q in ports),
+                "configured_bytes": max(q.get("headroom_bytes") or 0 for q in ports)}
+    by_intf = {q["intf"]: q for q in qs}
+    worst = by_intf.get(worst_port or "") or max(
+        qs, key=lambda q: queues.headroom_formula_bytes(q["rate_bps"], q.get("delay_ns", 0)))
+    out["pfc_headroom_port"] = worst["intf"]
+    out["pfc_headroom_formula_bytes"] = queues.headroom_formula_bytes(worst["rate_bps"], worst.get("delay_ns", 0))
+    out["pfc_headroom_configured_bytes"] = worst.get("headroom_bytes")
+    return out
+
+
+def _is_switch(name: str) -> bool:
+    return name.startswith(("leaf", "spine"))
 
 
 def _plain(v):

@@ -41,9 +41,14 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
                      f"{len(p['paused_ports'])} ports paused"))
         rows.append(("PFC paused time (real, all ports)", units.format_duration(p["paused_real_ns"]), ""))
         ref = s.get("references", {})
-        rows.append(("PFC headroom high-water", units.format_size(p["headroom_high_water_bytes"]),
-                     f"headroom {units.format_size(ref.get('pfc_headroom_configured_bytes') or 0)} "
-                     f"(formula {units.format_size(ref.get('pfc_headroom_formula_bytes') or 0)})"))
+        kinds = ref.get("pfc_headroom_per_port_kind") or {}
+        rows.append(("PFC headroom high-water", units.format_size(p["headroom_high_water_bytes"]) +
+                     (f" on {p['headroom_high_water_port']}" if p.get("headroom_high_water_port") else ""),
+                     f"{ref.get('pfc_headroom_port', 'its port')}: headroom "
+                     f"{units.format_size(ref.get('pfc_headroom_configured_bytes') or 0)} "
+                     f"(formula {units.format_size(ref.get('pfc_headroom_formula_bytes') or 0)})" +
+                     "".join(f"; {k.replace('_', ' ')} {units.format_size(v['formula_bytes'])}"
+                             for k, v in kinds.items())))
     else:
         rows.append(("PFC", "off", ""))
     q = s.get("queues", {})
