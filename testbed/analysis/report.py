@@ -13,9 +13,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import plotly.graph_objects as go
+import yaml
 from plotly.offline import get_plotlyjs
 
 from testbed.analysis import kpis, results
+from testbed.config.scenario import REPORT_SECTIONS
 from testbed import units
 from testbed.views import summary as summary_text
 
@@ -73,8 +75,13 @@ def _fidelity_html(fid: dict) -> str:
 
 
 # -- plots ---------------------------------------------------------------------------------------
+def _port_rates(r):
+    """Port polls with a rate (none when the run failed before the controller polled)."""
+    return r.ports.dropna(subset=["tx_bps"]) if "tx_bps" in r.ports else r.ports.iloc[0:0]
+
+
 def throughput_fig(r):
-    p = r.ports.dropna(subset=["tx_bps"])
+    p = _port_rates(r)
     if p.empty:
         return None
     busy = p.groupby("intf").tx_bps.max()
@@ -87,7 +94,7 @@ def throughput_fig(r):
 
 
 def utilisation_fig(r):
-    p = r.ports.dropna(subset=["tx_bps"])
+    p = _port_rates(r)
     if p.empty or "tx_utilisation" not in p:
         return None
     # switches answer a poll at slightly different times: one column per telemetry interval
@@ -243,6 +250,19 @@ SECTIONS = (
 )
 
 
+assert tuple(sec[0] for sec in SECTIONS) == REPORT_SECTIONS
+
+
+def _order(run_dir) -> list:
+    """SECTIONS with the scenario's ``report.first`` plots moved to the front (in its order)."""
+    try:
+        doc = yaml.safe_load((Path(run_dir) / "scenario.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        doc = {}
+    first = list((doc.get("report") or {}).get("first") or [])
+    return sorted(SECTIONS, key=lambda sec: first.index(sec[0]) if sec[0] in first else len(first))
+
+
 def render(r, s: dict) -> str:
     m = r.manifest
     title = f"testbed run {m.get('run_id')}"
@@ -260,7 +280,7 @@ def render(r, s: dict) -> str:
              + "</ul>", "<h2>Can these numbers be trusted? (fidelity guard)</h2>", _fidelity_html(s.get("fidelity", {})),
              "<h2>KPIs</h2>", "<p class='how'>Measured values beside their analytical references, in real-fabric "
              "units.</p>", _table(summary_text.kpi_rows(s), ["KPI", "measured", "reference"])]
-    for key, heading, how, make in SECTIONS:
+    for key, heading, how, make in _order(r.run_dir):
         fig = (counters_fig(r, s) if key == "counters" else collectives_fig(s) if key == "collectives"
                else make(r))
         body.append(f"<h2>{html.escape(heading)}</h2><p class='how'>{html.escape(how)}</p>")

@@ -28,6 +28,8 @@ MAX_HOSTS_PER_LEAF = 250
 MAX_SPINES = 64
 MAX_GPUS = 1024
 MAX_DILATION = 1e7
+# report.html's plot sections, in their default order (``report: {first: [...]}`` moves some up)
+REPORT_SECTIONS = ("throughput", "utilisation", "queues", "timeline", "counters", "collectives", "dcqcn", "cnps")
 
 # -- frozen result objects -------------------------------------------------------------------
 
@@ -126,7 +128,7 @@ def load(ref: str | None = None, overrides: list[str] | tuple = ()) -> Scenario:
 
 
 _SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "workload", "dilation",
-                  "datapath", "seed")
+                  "datapath", "seed", "report")
 _FABRIC_KEYS = {
     "leaf-spine": ("kind", "description", "spines", "leaves", "hosts_per_leaf", "gpus_per_server",
                    "host_link", "uplinks", "nvlink"),
@@ -173,11 +175,26 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
         dilation = None
     datapath = c.choice(doc, "datapath", (), DATAPATHS, "auto")
     seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
+    _validate_report(c, doc.get("report"), ("report",))
     if c.problems:
         raise ConfigError(c.problems)
     return Scenario(name=name, description=description.strip(), source=source, topology_source=topology_source,
                     fabric=fabric, queues=queues, traffic=traffic, workload=workload, dilation=dilation, datapath=datapath,
                     seed=seed, resolved=doc, origins=origins)
+
+
+def _validate_report(c: Checker, doc, path: tuple):
+    """``report: {first: [queues, timeline]}``: the report's plots a lab talks about, shown first."""
+    if doc is None:
+        return
+    doc = c.mapping(doc, path, ("first",))
+    first = doc.get("first", [])
+    if not isinstance(first, list):
+        c.problem(path + ("first",), f"expected a list of plot names such as [queues, timeline], got {_show(first)}")
+        return
+    for i, key in enumerate(first):
+        if key not in REPORT_SECTIONS:
+            c.problem(path + ("first", i), f"expected one of {', '.join(REPORT_SECTIONS)}, got {_show(key)}")
 
 
 def _link(c: Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):
