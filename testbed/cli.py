@@ -1,4 +1,4 @@
-"""``python3 -m testbed {run,show,queues,report,compare,doctor,clean}``.
+"""``python3 -m testbed {run,show,queues,report,compare,doctor,clean,lab}``.
 
 User errors (bad scenario, missing root, a failed bring-up) are printed as clear
 messages with exit status 2 (configuration) or 1 (run failed), never a traceback.
@@ -64,7 +64,26 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="what this machine can do, and the fix for what is missing")
     p = sub.add_parser("clean", help="remove what killed runs left behind (ours only, by run tag)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    _add_lab_parser(sub)
     return ap
+
+
+def _add_lab_parser(sub):
+    lab = sub.add_parser("lab", help="guided labs: list, show, run and check them (labs/)")
+    labs = lab.add_subparsers(dest="lab_command", required=True)
+    labs.add_parser("list", help="every lab: number, title, what it teaches, minutes (no root needed)")
+    p = labs.add_parser("show", help="print a lab's text (no root needed)")
+    p.add_argument("number", help="the lab's number")
+    p = labs.add_parser("run", help="run a lab's runs in order (root), as its README lists them")
+    p.add_argument("number", help="the lab's number, or all")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                   help="change a parameter in every run of the lab (then lab check says what changed)")
+    p.add_argument("--results", type=Path, default=None, help="results folder (default: results/)")
+    p = labs.add_parser("check", help="check the lab's newest runs (or the given ones): exit 0 if every "
+                                      "observation holds, 1 if not (no root needed)")
+    p.add_argument("number", help="the lab's number")
+    p.add_argument("run_dirs", type=Path, nargs="*", metavar="RUN_DIR", help="run folders (default: the newest)")
+    p.add_argument("--results", type=Path, default=None, help="where to look for runs (default: results/)")
 
 
 def _load(args):
@@ -84,6 +103,22 @@ def _interval_ns(text: str) -> int:
     if ns <= 0:
         raise ConfigError(f"--telemetry-interval: expected a duration > 0 such as 10us, got {text!r}")
     return ns
+
+
+def _lab(args) -> int:
+    from testbed import paths
+    from testbed.labs import commands
+
+    results_dir = getattr(args, "results", None) or paths.RESULTS_DIR
+    if args.lab_command == "list":
+        print(commands.list_text(results_dir))
+    elif args.lab_command == "show":
+        print(commands.show(args.number))
+    elif args.lab_command == "run":
+        return commands.run(args.number, results_dir, args.overrides)
+    else:
+        return commands.check(args.number, results_dir, args.run_dirs)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -144,6 +179,8 @@ def main(argv=None) -> int:
             for line in capabilities.summary(items):
                 print(line)
             return 0 if not any(c.required and c.ok is False for c in items) else 1
+        elif args.command == "lab":
+            return _lab(args)
         elif args.command == "clean":
             from testbed.apply import registry
 

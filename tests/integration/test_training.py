@@ -134,19 +134,6 @@ def test_ecn_and_dcqcn_hold_an_incast_queue_near_kmin(tmp_path, clean_slate):
     assert runs["no-ecn"][1]["transport"]["cnps_sent"] == 0
 
 
-def test_small_lossy_buffer_drops_cause_naks_and_retransmissions(tmp_path, clean_slate):
-    """A shallow lossy buffer without ECN: the synchronised burst of every ring step overflows
-    it; losses show as NAKs (PSN gaps) and go-back-N retransmissions, and the AllReduce runs
-    well off the ideal. (Larger messages at this buffer collapse into retransmission storms
-    that take minutes of emulated time: go-back-N at line rate with no congestion control.)"""
-    result, summary = train(tmp_path, write_scenario(tmp_path, buffer="120KB", ecn="off", pfc="off"),
-                            "workload.collective.bytes=400KB", "workload.transport.dcqcn=off")
-    t = summary["transport"]
-    assert t["retransmitted"] > 0 and t["naks_sent"] > 0 and t["ce_received"] == 0
-    (c,) = summary["collectives"]
-    assert c["ratio"] > 1.5  # 2:1 oversubscription at best, and the losses on top
-
-
 def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
     """The same congested ring with PFC on and no ECN: queues pass XOFF, switches send
     802.1Qbb frames upstream (to switch ports and GPU NICs), and not one packet is lost or
@@ -201,18 +188,6 @@ def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
     s = json.loads((result.run_dir / "summary.json").read_text())
     assert s["pfc"]["xoff_frames"] == p["xoff_sent"] and s["pfc"]["pause_frames"] == p["frames_sent"]
     assert s["drops"]["packets"] == 0 and s["drops"]["offered_packets"] > 0
-
-
-def test_pfc_headroom_below_the_formula_drops(tmp_path, clean_slate):
-    """PFC with 4 KB of headroom (the formula asks ~60-110 KB here): the bytes that keep
-    arriving after XOFF overflow the buffer, so there are headroom drops and the GPUs
-    retransmit; with the formula's headroom (the test above) there are none."""
-    result, summary = train(tmp_path, write_scenario(tmp_path, buffer="400KB", ecn="off",
-                                                     pfc={"headroom": "4KB"}), "workload.transport.dcqcn=off",
-                            "workload.collective.bytes=1MB")
-    p = result.manifest["pfc"]
-    assert p["xoff_sent"] > 0 and p["drops"] > 0 and p["headroom_high_water_bytes"] > 0, p
-    assert summary["transport"]["retransmitted"] > 0
 
 
 @pytest.mark.parametrize("sets", [
@@ -270,52 +245,3 @@ def test_pcap_of_a_run_opens_in_tshark_with_roce_dissected(tmp_path, clean_slate
                              check=True).stdout.split("\n")
         opcodes = {line.split("\t")[0] for line in out if line}
         assert {"0", "1", "2", "17"} <= opcodes, (port, opcodes)  # SEND first/middle/last, ACK
-
-
-def _first_forward_start(records, gpu):
-    """When a GPU began its first forward, relative to the earliest op of the run (emulated ns)."""
-    ops = [r for r in records if r["type"] == "op"]
-    t0 = min(o["ready_ns"] for o in ops)
-    return min(o["ready_ns"] for o in ops if o["gpu"] == gpu and o["phase"] == "forward") - t0
-
-
-def _step_times(records):
-    ops = [r for r in records if r["type"] == "op"]
-    t0 = min(o["ready_ns"] for o in ops)
-    return {g: max(o["end_ns"] for o in ops if o["gpu"] == g) - t0 for g in {o["gpu"] for o in ops}}
-
-
-def test_a_slow_link_stretches_the_stages_behind_it_and_every_allreduce_rank(tmp_path, clean_slate):
-    """leaf-spine, leaf1's uplinks slowed from 400G to 100G (a scenario knob). An 8-stage
-    pipeline h1 -> ... -> h8 crosses them once, between h4 and h5: the stages behind that
-    hop start their first forward later, the ones before it do not notice. A data-parallel
-    ring over the same GPUs crosses them too, and every GPU's step stretches."""
-    slow = ["fabric.leaves=[{hosts: 4, uplinks: {count: 4, rate: 100G}}, {hosts: 4}]"]
-    pipe = ["workload.parallelism.pipeline=8", "workload.iterations=1", "workload.micro_batches=2",
-            "workload.activations=400KB", "workload.mapping=sequential"]
-    ring = ["workload.iterations=1", "workload.collective.bytes=1MB", "workload.mapping=sequential"]
-
-    seen = {}
-
-    def records(name, sets):
-        path = tmp_path / name / "slow.yaml"
-        path.write_text(yaml.safe_dump({"name": "slow-link", "topology": "leaf-spine", "traffic": "dp-ring"}))
-        result, fidelity = run_trusted(lambda extra: scenario.load(str(path), [*sets, *extra]),
-                                       lambda folder: run.RunOptions(results_dir=folder), tmp_path / name)
-        assert result.status == "ok", result.reason
-        assert fidelity["verdict"] == "trusted", fidelity["text"]
-        seen["dilation"] = result.manifest["dilation"]
-        return load_records(result.run_dir / "agents")
-
-    for name in ("pipe", "pipe-slow", "ring", "ring-slow"):
-        (tmp_path / name).mkdir()
-    base, slowed = records("pipe", pipe), records("pipe-slow", pipe + slow)
-    dilation = seen["dilation"]
-    # the extra time 400 KB takes at 100G instead of 400G, real ns
-    extra_ns = 400_000 * 8 * (1 / 100e9 - 1 / 400e9) * 1e9
-    shift = {g: (_first_forward_start(slowed, g) - _first_forward_start(base, g)) / dilation
-             for g in ("h2", "h3", "h4", "h5", "h6", "h8")}
-    assert all(abs(shift[g]) < 0.2 * extra_ns for g in ("h2", "h3", "h4")), (shift, extra_ns)
-    assert all(shift[g] > 0.7 * extra_ns for g in ("h5", "h6", "h8")), (shift, extra_ns)
-    base, slowed = _step_times(records("ring", ring)), _step_times(records("ring-slow", ring + slow))
-    assert all(slowed[g] > 1.5 * base[g] for g in base), (base, slowed)

@@ -1,0 +1,56 @@
+"""Lab 5: where to put the ECN threshold.
+
+The physics: a queue above Kmin marks packets CE with a probability rising to pmax at Kmax
+(and every packet above Kmax); receivers answer marks with CNPs and DCQCN cuts the senders.
+So the queue a 2:1 incast builds is held near the thresholds: raise them and it sits
+higher; it peaks near Kmax, where marking is heaviest, because cuts land only a CNP round
+trip after the marks. Marking early costs no throughput while the threshold stays above
+DCTCP's K > C x RTT / 7 (below it the queue could drain and the link idle between cuts).
+"""
+
+from testbed.labs.measure import size
+from testbed.labs.observe import Observation
+
+NAMES = ("lab05-kmin-50kb", "lab05-kmin-100kb", "lab05-kmin-200kb")
+
+
+def _port(view):
+    q = [q for q in view.plan["queues"] if q.get("ecn")]
+    return (q[0]["kmin_bytes"], q[0]["kmax_bytes"]) if q else (None, None)
+
+
+def observe(runs):
+    views = [runs[n] for n in NAMES]
+    out = []
+    for v in views:
+        t, e = v.summary["transport"], v.summary["ecn"]
+        kmin, _ = _port(v)
+        out.append(Observation(f"{v.name}: ECN marked, receivers sent CNPs, DCQCN cut, nothing was dropped",
+                               kmin is not None and e.get("marked_packets", 0) > 0 and t["cnps_sent"] > 0
+                               and t["cnps_received"] == t["cnps_sent"] and t["dcqcn_cuts"] > 0
+                               and v.summary["drops"]["packets"] == 0,
+                               f"Kmin {size(kmin or 0)}: {e.get('marked_packets', 0)} marked, {t['cnps_sent']} CNPs, "
+                               f"{t['dcqcn_cuts']} cuts, {v.summary['drops']['packets']} drops",
+                               "marks > 0, CNPs sent = received > 0, cuts > 0, no drops",
+                               "two flows into one uplink at line rate each fill its queue past Kmin at every step"))
+    p95 = [v.summary["queues"]["p95_depth_bytes"] for v in views]
+    peaks = [v.summary["queues"]["max_depth_bytes"] for v in views]
+    bounds = [_port(v) for v in views]
+    within = all(kmin and kmin <= p <= 1.5 * kmax for p, (kmin, kmax) in zip(p95, bounds))
+    out.append(Observation("the queue sits higher when the thresholds are higher: p95 depth between Kmin and "
+                           "1.5 x Kmax, rising with Kmin", within and p95[0] < p95[1] < p95[2],
+                           ", ".join(f"Kmin {size(k or 0)}: p95 {size(p)}, max {size(m)}"
+                                     for (k, _), p, m in zip(bounds, p95, peaks)),
+                           "Kmin <= p95 <= 1.5 x Kmax for each, increasing with Kmin",
+                           "marking holds the queue in the band where it is marked; cuts land a CNP round trip "
+                           "after the marks, so it overshoots towards Kmax"))
+    ratios = [v.summary["collectives"]["dp"]["mean_ratio"] for v in views]
+    k = views[0].summary["references"].get("dctcp_k_bytes") or 0
+    out.append(Observation("marking early costs no throughput while Kmin stays above DCTCP's K",
+                           all(b[0] and b[0] > k for b in bounds) and max(ratios) <= 1.15 * min(ratios),
+                           ", ".join(f"Kmin {size(b[0] or 0)}: AllReduce x{r:.2f}" for b, r in zip(bounds, ratios))
+                           + f"; K = C x RTT / 7 = {size(k)}",
+                           "AllReduce times within 15% of each other, every Kmin > K",
+                           "above K the queue never drains between cuts, so the uplink never idles: the thresholds "
+                           "move the queue, not the throughput"))
+    return out
