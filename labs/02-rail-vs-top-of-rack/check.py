@@ -15,14 +15,15 @@ from testbed.labs.observe import Observation
 def observe(runs):
     rail, tor = runs["lab02-rail"], runs["lab02-tor"]
     out = []
+    spine = {view.name: spine_bytes(view) for view in (rail, tor)}
     for view in (rail, tor):
-        measured, planned = spine_bytes(view)
+        measured, planned = spine[view.name]
         out.append(Observation(f"{view.name}: the spines carried the bytes of the hops that cross leaves",
                                planned > 0 and abs(measured / planned - 1) <= 0.05,
                                f"{size(measured)} sent by spine ports; planned {size(planned)} "
                                f"(x{measured / max(planned, 1):.3f})", "within 5% of the plan",
                                "a hop between GPUs on different leaves crosses one spine; on the same leaf, none"))
-    (mr, pr), (mt, pt) = spine_bytes(rail), spine_bytes(tor)
+    (mr, pr), (mt, pt) = spine[rail.name], spine[tor.name]
     out.append(Observation("top-of-rack sends twice the rail fabric's bytes through the spines",
                            pr > 0 and abs((mt / mr) / (pt / pr) - 1) <= 0.05 and pt / pr >= 1.9,
                            f"x{mt / max(mr, 1):.2f} (planned x{pt / max(pr, 1):.2f})", "x2 (within 5% of the plan)",
