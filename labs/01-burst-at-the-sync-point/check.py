@@ -29,6 +29,9 @@ def observe(runs):
     expected_mean = per_step * 8 / (step_ns * 1e-9 * training["ideal"]["link_bps"])
     mean = p.groupby("intf").tx_utilisation.mean()
     compute = training["ideal"]["compute_ns"]
+    interval = plan["telemetry"]["interval_real_ns"]
+    # polls that fall wholly inside a compute phase: at least compute / interval - 1 per step
+    quiet = training["iterations"] * max(0.0, compute / interval - 1)
     ratio = v.summary["jct"]["mean_ratio"]
     return [
         Observation("during the synchronisation every GPU port ran at line rate", len(peak) == n and peak.min() >= 0.9,
@@ -36,10 +39,12 @@ def observe(runs):
                     f"every one of the {n} GPU ports >= 0.90 in some poll",
                     "a ring step sends a whole chunk at line rate; the telemetry interval (10us) is shorter than "
                     "one AllReduce"),
-        Observation("between the bursts, during compute, the GPU ports idled", (idle > 0).all() and len(idle) == n,
-                    f"polls below 5% utilisation per GPU port: {idle.min()} to {idle.max()}",
-                    "every GPU port idle (< 5%) in at least one poll of the training",
-                    f"compute takes {duration(compute)} per step, longer than a poll interval: nobody sends"),
+        Observation("between the bursts, during compute, the GPU ports idled",
+                    quiet >= 1 and len(idle) == n and idle.min() >= 0.5 * quiet,
+                    f"polls below 5% utilisation per GPU port: {idle.min()} to {idle.max()}; {duration(compute)} of "
+                    f"compute per step, polls every {duration(interval)}",
+                    f"every GPU port idle (< 5%) in at least half of the {quiet:.0f} polls that fall inside compute",
+                    "during compute nobody sends; a poll wholly inside a compute phase sees an idle port"),
         Observation("the mean utilisation is what the bytes per step predict, so peak / mean is their inverse",
                     abs(mean.mean() / expected_mean - 1) <= 0.15,
                     f"mean {mean.mean():.2f} (peak / mean {peak.mean() / mean.mean():.1f}); predicted "

@@ -36,8 +36,8 @@ def list_text(results_dir: Path) -> str:
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(4)]
     out = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in [header] + rows]
     total = sum(lab.minutes for lab in labs)
-    out.append(f"\n'min' is the wall time of `lab run N` measured on a 2-core machine ({labs[0].measured if labs else ''}), "
-               f"{total:.0f} minutes for all; 'here' is this machine's last `lab run`.")
+    out.append(f"\n'min': the wall time of `lab run N` ({labs[0].measured if labs else 'not measured'}; "
+               f"{total:.0f} minutes for all); 'here': this machine's last `lab run N`.")
     out.append("python -m testbed lab show N   the lab's text;   lab run N   its runs;   lab check N   the check")
     return "\n".join(out)
 

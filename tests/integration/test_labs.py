@@ -35,7 +35,7 @@ KNOBS = {
 }
 
 
-def testbed(*argv, timeout=1800):
+def cli(*argv, timeout=1800):
     out = subprocess.run([sys.executable, "-m", "testbed", *argv], capture_output=True, text=True, timeout=timeout,
                          cwd=ROOT)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -53,11 +53,11 @@ def untrusted(results):
 
 
 def run_and_check(lab, results, extra=()):
-    out = testbed("lab", "run", str(lab.number), "--results", str(results), *extra)
+    out = cli("lab", "run", str(lab.number), "--results", str(results), *extra)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     checks = [c for c in lab.commands if not c.is_run]
     assert [c.argv[:2] for c in checks] == [("lab", "check")], checks
-    return testbed(*checks[0].argv, "--results", str(results))
+    return cli(*checks[0].argv, "--results", str(results))
 
 
 @pytest.mark.parametrize("number", sorted(KNOBS))
@@ -75,9 +75,9 @@ def test_lab_holds_as_written_and_fails_without_its_phenomenon(number, tmp_path,
     name, knob, claim = KNOBS[number]
     (cmd,) = [c for c in lab.runs if c.argv[1].endswith("/" + name)]
     argv = [*cmd.argv, "--results", str(results)] + [a for k in knob for a in ("--set", k)]
-    out = testbed(*argv)
+    out = cli(*argv)
     assert out.returncode == 0, out.stderr[-3000:]
-    without = testbed("lab", "check", str(number), "--results", str(results))
+    without = cli("lab", "check", str(number), "--results", str(results))
     failed = [line for line in without.stdout.splitlines() if line.strip().startswith("FAIL")]
     assert without.returncode == 1, without.stdout
     assert any(claim in line for line in failed), (claim, without.stdout)
