@@ -104,8 +104,13 @@ def test_collected_telemetry_and_kpis_agree_with_the_agents(runs):
         by_leaf.setdefault(leaf, []).append(sent[intf])
     imbalance = max(max(v) / (sum(v) / len(v)) for v in by_leaf.values())
     assert s["ecmp"]["imbalance"] == pytest.approx(imbalance) and set(s["ecmp"]["per_leaf"]) == set(by_leaf)
-    # the headroom reference by hand: 2 x 4214-byte frames + (2 x 15 ns of 3 m cable + 1 us) x 400G / 8
-    assert s["references"]["pfc_headroom_formula_bytes"] == 2 * 4214 + (2 * 15 + 1000) * 50
+    # the headroom references by hand: 2 x 4214-byte frames + (2 x cable delay + 1 us) x 400G / 8, behind
+    # a 3 m GPU cable (15 ns) and a 100 m uplink (500 ns); no headroom was used, so the headline is the
+    # port that needs most
+    kinds = s["references"]["pfc_headroom_per_port_kind"]
+    assert kinds["gpu_ports"]["formula_bytes"] == 2 * 4214 + (2 * 15 + 1000) * 50
+    assert kinds["switch_ports"]["formula_bytes"] == 2 * 4214 + (2 * 500 + 1000) * 50
+    assert s["references"]["pfc_headroom_formula_bytes"] == kinds["switch_ports"]["formula_bytes"]
     # the light run passes every fidelity check it has data for, including pacing and CPU
     f = s["fidelity"]
     assert f["verdict"] == "trusted", f
