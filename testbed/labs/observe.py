@@ -85,9 +85,13 @@ def newest(results_dir: Path, name: str) -> Path | None:
     """The newest run folder of scenario ``name`` in ``results_dir`` (by its UTC stamp)."""
     if not results_dir.is_dir():
         return None
-    found = [p for p in results_dir.iterdir() if p.is_dir() and p.name.startswith(name + "-")
-             and (p / "manifest.json").is_file() and _json(p / "manifest.json").get("scenario") == name]
-    return max(found, key=lambda p: (_json(p / "manifest.json").get("started_utc", ""), p.name), default=None)
+    found = []  # (start, folder name, folder): each manifest read once
+    for p in results_dir.iterdir():
+        if p.is_dir() and p.name.startswith(name + "-") and (p / "manifest.json").is_file():
+            manifest = _json(p / "manifest.json")
+            if manifest.get("scenario") == name:
+                found.append((manifest.get("started_utc", ""), p.name, p))
+    return max(found)[2] if found else None
 
 
 def collect(lab, results_dir: Path, given: list[Path]) -> dict:
