@@ -20,7 +20,7 @@ from pathlib import Path
 
 CMD_TIMEOUT_S = 20
 QDISCS = ("mq", "tbf", "bfifo", "clsact", "netem", "red", "prio")  # a run uses mq, tbf, bfifo, clsact, netem
-INSTALL_FIX = "make install (or: bash scripts/install.sh)"
+INSTALL_FIX = "bash scripts/install.sh (./lab runs it)"
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def checks() -> list[Check]:
                            required=tool not in ("clang", "tshark", "tcpdump")))
     ovs_up = shutil.which("ovs-vsctl") is not None and _run(["ovs-vsctl", "--timeout=5", "show"]).returncode == 0
     items.append(Check("OVS running", ovs_up, "ovsdb-server and ovs-vswitchd answer" if ovs_up else "not answering",
-                       "/usr/share/openvswitch/scripts/ovs-ctl start (make install does it)"))
+                       "/usr/share/openvswitch/scripts/ovs-ctl start (scripts/install.sh does it)"))
     sndbuf = vswitchd_packet_sndbuf()
     need = 16 * 1024 * 1024
     items.append(Check("OVS packet socket", None if sndbuf is None else sndbuf >= need,
