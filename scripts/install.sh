@@ -7,7 +7,7 @@
 #   - Open vSwitch started (systemd where it runs, else ovs-ctl)
 #   - a venv (system site packages, so the distribution's Mininet imports) with the
 #     project installed editable; TESTBED_VENV chooses where (default: .venv in the repo)
-#   - TESTBED_LINK_PYTHON=1 (the lab VM) links /usr/local/bin/python to the venv's
+#   - TESTBED_LINK_PYTHON=1 (the lab VM) makes /usr/local/bin/python start the venv's
 #     interpreter so `sudo python -m testbed run` works there
 set -euo pipefail
 
@@ -110,6 +110,10 @@ if [ ! -f "$obj" ] || [ "$repo/bpf/marker.c" -nt "$obj" ]; then
 fi
 
 if [ "${TESTBED_LINK_PYTHON:-0}" = 1 ]; then
-    ln -sf "$venv/bin/python" /usr/local/bin/python
+    # a wrapper, not a symlink: Python finds its venv (pyvenv.cfg) next to the path it was
+    # started by, so through a symlink in /usr/local/bin it would be the bare system Python
+    rm -f /usr/local/bin/python
+    printf '#!/bin/sh\nexec %q "$@"\n' "$venv/bin/python" > /usr/local/bin/python
+    chmod 755 /usr/local/bin/python
 fi
 say "ready: $venv/bin/python -m testbed doctor"

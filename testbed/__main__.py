@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _venvs():
-    for path in (os.environ.get("TESTBED_VENV"), ROOT / ".venv", "/opt/testbed/venv"):
+    # the lab VM's venv first: in the VM, ROOT/.venv is the host's, seen through the synced folder
+    for path in (os.environ.get("TESTBED_VENV"), "/opt/testbed/venv", ROOT / ".venv"):
         if path and (Path(path) / "bin" / "python").exists():
             yield Path(path) / "bin" / "python"
 
