@@ -33,7 +33,7 @@ from testbed.model.training import TrainingPlan, plan_training
 # userspace: one TCP flow crossed 3 switches of the default fabric at ~490 Mbit/s
 # (~1.5 Gbit/s of hop-forwarding) on the 2-core development machine; a quarter of
 # that is budgeted, leaving room for GPU agents, telemetry and small packets.
-# kernel: assumed 2.5x userspace (the stock-kernel check runs under QEMU software
+# kernel: assumed 2.5x userspace (the lab VM that CI boots runs under QEMU software
 # emulation, where no forwarding figure means anything). The manifest records the
 # figure used and the fidelity guard checks, per run, that it held.
 FORWARDING_BUDGET_BPS = {"user": 400e6, "kernel": 1e9}

@@ -39,6 +39,7 @@ def _all_gone(record: dict):
         assert not registry.process_alive(p["pid"], p["start_time"]), p
 
 
+@pytest.mark.datapath_independent  # the lab-VM check leaves it to the host
 def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     seen = {}
 
@@ -61,7 +62,7 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     # auto dilation by hand: 8 GPUs x 400G x 3 hops over the datapath's forwarding budget
     # (400 Mbit/s userspace, 1 Gbit/s kernel), rounded up to 1/2/5 x 10^k
     assert m["dilation"] == {"user": 50000, "kernel": 10000}[m["datapath"]] and m["seed"] == 1
-    if os.environ.get("TESTBED_EXPECT_DATAPATH"):  # the stock-kernel check expects OVS's kernel datapath
+    if os.environ.get("TESTBED_EXPECT_DATAPATH"):  # the lab-VM check expects OVS's kernel datapath
         assert m["datapath"] == os.environ["TESTBED_EXPECT_DATAPATH"]
     assert m["versions"]["openvswitch"] and m["versions"]["os-ken"]
     assert (result.run_dir / "scenario.yaml").exists() and (result.run_dir / "plan.json").exists()
@@ -165,6 +166,7 @@ def _start_held_run(tmp_path) -> tuple[subprocess.Popen, Path, dict]:
     return proc, run_dir, record
 
 
+@pytest.mark.datapath_independent  # the lab-VM check leaves it to the host
 def test_queues_command_on_a_live_run(tmp_path, clean_slate):
     """`testbed queues` in another process reads the live run's ports."""
     proc, run_dir, record = _start_held_run(tmp_path)
@@ -187,6 +189,7 @@ def test_queues_command_on_a_live_run(tmp_path, clean_slate):
     assert after.returncode == 1 and "no run is up" in after.stderr
 
 
+@pytest.mark.datapath_independent  # the lab-VM check leaves it to the host
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_signal_tears_everything_down(tmp_path, clean_slate, sig, code):
     import signal
@@ -205,6 +208,7 @@ def test_signal_tears_everything_down(tmp_path, clean_slate, sig, code):
     assert (run_dir / "report.html").exists() and (run_dir / "polls.jsonl").read_text().count("\n") >= 1
 
 
+@pytest.mark.datapath_independent  # the lab-VM check leaves it to the host
 def test_an_interrupted_iteration_stays_out_of_the_kpis(tmp_path, clean_slate):
     """SIGINT in the middle of the default run's second iteration: the summary counts only
     what every GPU finished, no collective beats the line rate, and it says the run was cut
@@ -301,6 +305,7 @@ def test_clean_after_sigkill(tmp_path, clean_slate):
     assert again.stdout.strip() == "nothing to clean"
 
 
+@pytest.mark.datapath_independent  # the lab-VM check leaves it to the host
 def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
     """A handler exception is not swallowed by os-ken: the process exits and says why."""
     plan = {"switches": [{"dpid": 0xBAD, "name": "tbbad"}],
@@ -323,6 +328,7 @@ def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
             subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], check=True, timeout=30)
 
 
+@pytest.mark.datapath_independent  # the lab-VM check leaves it to the host
 def test_cli_after_bring_up(tmp_path, clean_slate):
     """--cli opens the Mininet CLI on the live fabric; its end tears the fabric down."""
     commands = "sh ovs-ofctl -O OpenFlow15 dump-groups leaf1\nh1 ping -c1 -W5 h5\n"
@@ -410,8 +416,8 @@ def _netem_delays_ping() -> bool:
 
 
 def test_doctor_says_which_datapath_and_whether_link_delay_is_emulated():
-    """`testbed doctor` reports what this kernel has; in the stock-kernel guest (the lab VM's
-    case) that is OVS's kernel datapath and netem."""
+    """`testbed doctor` reports what this kernel has; in the lab VM (CI's
+    lab-VM check) that is OVS's kernel datapath and netem."""
     res = subprocess.run([sys.executable, "-m", "testbed", "doctor"], capture_output=True, text=True, timeout=120,
                          cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr

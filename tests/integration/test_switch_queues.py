@@ -21,8 +21,8 @@ from testbed.apply.process import wait_for
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 MTU = 1500
-# The stock-kernel check runs under software CPU emulation (10-20x slower, later timers):
-# it loosens timing-derived bounds by this factor (scripts/stock-kernel-init.sh sets it).
+# The lab-VM check runs under software CPU emulation (10-20x slower, later timers):
+# it loosens timing-derived bounds by this factor (scripts/lab-vm-inside.sh sets it).
 TIMING_SLACK = float(os.environ.get("TESTBED_TIMING_SLACK", "1"))
 
 
