@@ -56,6 +56,24 @@ def measure(seconds: float) -> dict:
     out["bare raw socket"] = loop(lambda n: safe_send(frame), seconds)
     out["agent hot path"] = loop(lambda n: safe_send(tmpl.frame(roce.OP_SEND_MIDDLE, n & roce.PSN_MASK,
                                                                 n % 8 == 7, payload)), seconds)
+    # the agent's Channel.data_frame (template lookup by entropy and payload, then the patch
+    # above), one QP keeping its port (flow) and one spraying a new port per packet
+    from types import SimpleNamespace
+
+    from testbed.agent.channel import Channel
+    from testbed.agent.transport import Packet
+
+    nic = SimpleNamespace(link="fabric", me=a, line_bps=400e9)
+    peer = {"index": 2, "mac": b.mac, "ip": b.ip}
+    for mode in ("flow", "spray"):
+        from testbed.agent.dcqcn import Params
+
+        agent = SimpleNamespace(index=1, mtu=4096, params=Params(), cfg={"dcqcn": False}, balance=mode,
+                                spray_packets=1, flowlet_gap_ns=0)
+        ch = Channel(agent, "h2", peer, nic)
+        pkts = [Packet(psn, roce.OP_SEND_MIDDLE, 4096, psn % 8 == 7, 0, False) for psn in range(1024)]
+        out[f"agent Channel.data_frame, {mode}"] = loop(
+            lambda n: safe_send(ch.data_frame(pkts[n & 1023], payload, n)), seconds)
     from scapy.contrib.roce import BTH
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether

@@ -1,7 +1,15 @@
 """A GPU's NICs and its reliable connections: a ``Nic`` sends frames on a raw packet socket
-(its serializer's busy-until time paces them at line rate); a ``Channel`` is the reliable
-connection to one peer over one NIC (send QP, receive QP, DCQCN reaction point, frame
-templates)."""
+(its serializer's busy-until time paces them at line rate); a ``Channel`` is one queue pair
+of the connection to one peer over one NIC (send QP, receive QP, DCQCN reaction point,
+frame templates, the UDP source port its packets carry). A connection has
+``qps_per_connection`` channels.
+
+Entropy (the UDP source port the switches' ECMP groups hash): ``flow`` keeps the QP's one
+port, as RoCE NICs do; ``spray`` moves to the next of ``roce.SPRAY_ENTROPY_VALUES`` ports
+every ``spray_packets`` packets (round robin: each port, hence each path the hash gives
+it, carries an equal share), as an Ultra Ethernet sender varies its entropy value per
+packet; ``flowlet`` moves to the next port when the QP was idle longer than the flowlet
+gap (a burst after a gap may take another path without overtaking the one before)."""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ import socket
 from collections import defaultdict, deque
 
 from testbed.agent.dcqcn import ReactionPoint
-from testbed.agent.transport import RecvQP, SendQP
+from testbed.agent.transport import RecvQP, SendQP, split_message
 from testbed.wire import roce
 
 TX_BUFFER_BYTES = 4 * 1024 * 1024
@@ -35,14 +43,21 @@ class Nic:
 class Channel:
     """The reliable connection to one peer over one NIC."""
 
-    def __init__(self, agent, peer: str, p: dict, nic: Nic):
-        self.peer, self.nic = peer, nic
+    def __init__(self, agent, peer: str, p: dict, nic: Nic, qp: int = 0):
+        self.peer, self.nic, self.qp = peer, nic, qp
         bit = roce.NVLINK_QPN_BIT if nic.link == "nvlink" else 0
-        mine, theirs = roce.qpn(agent.index, p["index"]) | bit, roce.qpn(p["index"], agent.index) | bit
+        mine, theirs = roce.qpn(agent.index, p["index"], qp) | bit, roce.qpn(p["index"], agent.index, qp) | bit
         addr = p if nic.link == "fabric" else {"mac": p["nvlink_mac"], "ip": p["nvlink_ip"]}
         self.remote = roce.Endpoint(addr["mac"], addr["ip"])
-        self.sport, self.dqpn = roce.udp_source_port(mine, theirs), theirs
-        self.data = {}  # payload length -> FrameTemplate
+        self.sport, self.dqpn, self.mine = roce.udp_source_port(mine, theirs), theirs, mine
+        # NVLink is one bridge: no paths to choose, its QPs keep their port
+        self.balance = agent.balance if nic.link == "fabric" else "flow"
+        self.spray_packets, self.flowlet_gap_ns = agent.spray_packets, agent.flowlet_gap_ns
+        self.entropy = 0  # index of the source port in use (0: the QP's own)
+        self.entropy_sent = 0  # packets sent with it
+        self.entropy_changes = 0
+        self.last_tx_ns = None
+        self.data = {}  # (entropy, payload length) -> FrameTemplate
         self.ack = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.AETH_LEN, roce.DSCP_CONTROL, 0)
         self.cnp = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.CNP_PAD_LEN, roce.DSCP_CNP, 0)
         self.sendq, self.recvq = SendQP(agent.mtu), RecvQP()
@@ -51,17 +66,77 @@ class Channel:
         self.tx_since_ns = None  # when this channel last went from nothing to send to something
         self.last_cnp_ns = None
         self.counters = defaultdict(int)
-        self.recv_ops = deque()  # posted receives (op ids), in order
         self.arrivals = deque()  # arrival times of messages no receive has taken yet
         self.send_ops = {}  # message number -> op id
 
-    def data_frame(self, pkt, payload: bytes) -> bytes:
-        tmpl = self.data.get(pkt.payload)
+    def next_entropy(self, now_ns: int) -> int:
+        """The entropy index the next data packet carries (``now_ns``: emulated time)."""
+        if self.balance == "spray":
+            if self.entropy_sent >= self.spray_packets:
+                self.entropy = (self.entropy + 1) % roce.SPRAY_ENTROPY_VALUES
+                self.entropy_sent = 0
+                self.entropy_changes += 1
+        elif self.balance == "flowlet":
+            if self.last_tx_ns is not None and now_ns - self.last_tx_ns > self.flowlet_gap_ns:
+                self.entropy = (self.entropy + 1) % roce.SPRAY_ENTROPY_VALUES
+                self.entropy_changes += 1
+        self.entropy_sent += 1
+        self.last_tx_ns = now_ns
+        return self.entropy
+
+    def data_frame(self, pkt, payload: bytes, now_ns: int = 0) -> bytes:
+        key = (self.next_entropy(now_ns) if self.balance != "flow" else 0, pkt.payload)
+        tmpl = self.data.get(key)
         if tmpl is None:
-            tmpl = self.data[pkt.payload] = roce.FrameTemplate(self.nic.me, self.remote, self.sport, self.dqpn,
-                                                               pkt.payload, roce.DSCP_DATA, roce.ECT0)
+            sport = roce.udp_source_port(self.mine, self.dqpn, key[0])
+            tmpl = self.data[key] = roce.FrameTemplate(self.nic.me, self.remote, sport, self.dqpn,
+                                                       pkt.payload, roce.DSCP_DATA, roce.ECT0)
         body = payload if pkt.payload == len(payload) else payload[:pkt.payload]
         return tmpl.frame(pkt.opcode, pkt.psn & roce.PSN_MASK, pkt.ackreq, body)
+
+
+class Connection:
+    """The reliable connection to one peer over one NIC: its QPs (``Channel``), and the
+    messages split over them (``transport.split_message``, which sender and receiver both
+    derive from the size). A send is done when every part is acknowledged; a posted
+    receive when every QP its message uses delivered its part (each QP delivers its
+    parts in order, so the k-th part a QP delivers belongs to the k-th message that uses
+    that QP)."""
+
+    def __init__(self, agent, peer: str, p: dict, nic: Nic, qps: int):
+        self.mtu = agent.mtu
+        self.channels = [Channel(agent, peer, p, nic, qp) for qp in range(qps)]
+        self.posted = deque()  # posted receives: (op id, the QPs its message uses)
+        self.parts_left = {}  # send op id -> parts not yet acknowledged
+
+    def send(self, op_id: int, nbytes: int):
+        parts = split_message(nbytes, self.mtu, len(self.channels))
+        self.parts_left[op_id] = len(parts)
+        for qp, part in parts:
+            ch = self.channels[qp]
+            ch.send_ops[ch.sendq.post(part)] = op_id
+
+    def acknowledged(self, ch: Channel, msg: int):
+        """Message ``msg`` of QP ``ch`` was acknowledged: the send op it completes, or None."""
+        op_id = ch.send_ops.pop(msg, None)
+        if op_id is None:
+            return None
+        self.parts_left[op_id] -= 1
+        if self.parts_left[op_id]:
+            return None
+        del self.parts_left[op_id]
+        return op_id
+
+    def receive(self, op_id: int, nbytes: int):
+        self.posted.append((op_id, [qp for qp, _ in split_message(nbytes, self.mtu, len(self.channels))]))
+
+    def delivered(self) -> list:
+        """[(receive op id, arrival time of its last part), ...] that are now complete."""
+        out, chans = [], self.channels
+        while self.posted and all(chans[qp].arrivals for qp in self.posted[0][1]):
+            op_id, qps = self.posted.popleft()
+            out.append((op_id, max(chans[qp].arrivals.popleft() for qp in qps)))
+        return out
 
 
 def udp_receive_errors(path: str = "/proc/net/snmp") -> int:

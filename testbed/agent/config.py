@@ -25,4 +25,8 @@ def from_plan(plan: dict, gpu: str, records: str) -> dict:
                           "line_bps": t["nvlink_line_bps"]}
     return {"gpu": gpu, "index": me["index"], "nics": nics, "peers": peers, "dilation": plan["dilation"],
             "mtu_bytes": t["mtu_bytes"], "dcqcn": t["dcqcn"], "dcqcn_params": t["dcqcn_params"],
-            "rto_ns": t["rto_ns"], "ops": training["ops"][gpu], "records": records}
+            "rto_ns": t["rto_ns"], "ops": training["ops"][gpu], "records": records,
+            **{k: t[k] for k in BALANCE if k in t}}
+
+
+BALANCE = ("qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap_ns")

@@ -10,8 +10,10 @@ as they happen: one line per op, DCQCN rate changes, pauses, and per-QP counters
 
 A GPU has up to two NICs: ``fabric`` (to its leaf: DCQCN, PFC) and ``nvlink`` (the
 server's NVLink segment, tensor-parallel and intra-server traffic). One reliable
-connection (a ``Channel``: send QP, receive QP, DCQCN reaction point) exists per
-(peer, NIC); NVLink QPNs carry ``roce.NVLINK_QPN_BIT``.
+connection exists per (peer, NIC), made of ``qps_per_connection`` queue pairs (each a
+``Channel``: send QP, receive QP, DCQCN reaction point, its own UDP source port); a
+message is split over them (``transport.split_message``) and is done when every part
+is; NVLink QPNs carry ``roce.NVLINK_QPN_BIT``.
 
 Time: the event loop runs on emulated monotonic time; DCQCN and the transport timers
 run in real-fabric time (emulated / dilation), so their published real-time constants
@@ -30,7 +32,7 @@ from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params
-from testbed.agent.channel import Channel, Nic, udp_receive_errors
+from testbed.agent.channel import Channel, Connection, Nic, udp_receive_errors
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_RX_BATCH = 256
@@ -83,11 +85,18 @@ class Agent:
         self.nic_counters = defaultdict(int)
         self.resumed_ns = 0  # a paused NIC's packets are due from here, not from before the pause
         self.by_index = {p["index"]: name for name, p in cfg["peers"].items()}
-        self.channels: dict[tuple, Channel] = {}
+        self.qps = cfg.get("qps_per_connection", 1)
+        self.balance = cfg.get("load_balancing", "flow")
+        self.spray_packets = cfg.get("spray_packets", 1)
+        self.flowlet_gap_ns = int(self.d.duration_ns(cfg.get("flowlet_gap_ns", 10_000)))
+        self.conns: dict[tuple, Connection] = {}  # (peer, link) -> Connection
         for name, p in cfg["peers"].items():
             for link, nic in self.nics.items():
                 if link == "fabric" or p.get("nvlink_ip"):
-                    self.channels[(name, link)] = Channel(self, name, p, nic)
+                    # NVLink is one bridge: nothing to spread over, one QP
+                    self.conns[(name, link)] = Connection(self, name, p, nic, self.qps if link == "fabric" else 1)
+        self.channels: dict[tuple, Channel] = {(ch.peer, ch.nic.link, ch.qp): ch for conn in self.conns.values()
+                                               for ch in conn.channels}
         self.start_ns = 0
 
     # -- time and records ------------------------------------------------------------------
@@ -189,12 +198,12 @@ class Agent:
                 if op["kind"] == "compute":
                     self.compute_end[op_id] = now + int(self.d.duration_ns(op["duration_ns"]))
                     continue
-                ch = self.channels[(op["peer"], op.get("link", "fabric"))]
+                conn = self.conns[(op["peer"], op.get("link", "fabric"))]
                 if op["kind"] == "send":
-                    ch.send_ops[ch.sendq.post(op["bytes"])] = op_id
+                    conn.send(op_id, op["bytes"])
                 else:
-                    ch.recv_ops.append(op_id)
-                    self.match_recv(ch)
+                    conn.receive(op_id, op["bytes"])
+                    self.match_recv(conn)
 
     def end_compute(self, now: int):
         for op_id, end in list(self.compute_end.items()):
@@ -249,7 +258,7 @@ class Agent:
         """The channel's next packet; returns when its next one is due."""
         nic, q = ch.nic, ch.sendq
         pkt = q.peek()
-        frame = ch.data_frame(pkt, self.payload)
+        frame = ch.data_frame(pkt, self.payload, now)
         nic.send(frame)
         line_gap_ns = self.gap_ns(len(frame), nic.line_bps)
         self.late(TX_LATE, now - max(ready_ns, ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0))
@@ -277,9 +286,8 @@ class Agent:
                     bytes=op["bytes"], micro_batch=op.get("micro_batch", -1), ready_ns=self.ready_at[op_id],
                     start_ns=self.first_tx.get(op_id, self.ready_at[op_id]), end_ns=t)
 
-    def match_recv(self, ch: Channel):
-        while ch.recv_ops and ch.arrivals:
-            op_id, t = ch.recv_ops.popleft(), ch.arrivals.popleft()
+    def match_recv(self, conn: Connection):
+        for op_id, t in conn.delivered():
             self.finish(op_id, max(t, self.ready_at[op_id]))
 
     # -- PFC -------------------------------------------------------------------------------
@@ -326,10 +334,9 @@ class Agent:
             pkt = roce.parse(data)
             if pkt is None:
                 continue
-            link = "nvlink" if pkt.dqpn & roce.NVLINK_QPN_BIT else "fabric"
-            qpn = pkt.dqpn & ~roce.NVLINK_QPN_BIT
-            ch = self.channels.get((self.by_index.get(qpn & 0x3FF), link))
-            if ch is None or (qpn >> 10) != self.index:
+            local, remote, qp, nvlink = roce.split_qpn(pkt.dqpn)
+            ch = self.channels.get((self.by_index.get(remote), "nvlink" if nvlink else "fabric", qp))
+            if ch is None or local != self.index:
                 self.nic_counters["foreign"] += 1
                 continue
             c = ch.counters
@@ -339,8 +346,9 @@ class Agent:
                     done = ch.sendq.on_nak(pkt.psn, now)
                 else:
                     done = ch.sendq.on_ack(pkt.psn, now)
+                conn = self.conns[(ch.peer, ch.nic.link)]
                 for msg in done:
-                    op_id = ch.send_ops.pop(msg, None)
+                    op_id = conn.acknowledged(ch, msg)
                     if op_id is not None:
                         self.finish(op_id, now)
             elif pkt.opcode == roce.OP_CNP:
@@ -366,7 +374,7 @@ class Agent:
                     c["naks_sent" if kind == "nak" else "acks_sent"] += 1
                 if completed is not None:
                     ch.arrivals.append(now)
-                    self.match_recv(ch)
+                    self.match_recv(self.conns[(ch.peer, ch.nic.link)])
 
     def report(self):
         for ch in self.channels.values():
@@ -374,8 +382,9 @@ class Agent:
             c = dict(ch.counters)
             if not (q.next_psn or r.expected or c):
                 continue
-            self.record(type="qp", peer=ch.peer, link=ch.nic.link, packets_sent=q.sent_psn + q.retransmitted,
-                        retransmitted=q.retransmitted, timeouts=q.timeouts, naks_received=q.naks,
+            self.record(type="qp", peer=ch.peer, link=ch.nic.link, qp=ch.qp, packets_sent=q.sent_psn + q.retransmitted,
+                        retransmitted=q.retransmitted, retransmitted_bytes=q.retransmitted_bytes,
+                        entropy_changes=ch.entropy_changes, timeouts=q.timeouts, naks_received=q.naks,
                         duplicates_received=r.duplicates, out_of_order_received=r.out_of_order,
                         bytes_received=r.bytes, dcqcn_cuts=rp.cuts, final_rate_bps=rp.rate_bps,
                         **{k: v for k, v in c.items() if k != "naks_received"})

@@ -42,6 +42,23 @@ class Packet:
     last: bool
 
 
+def split_message(nbytes: int, mtu_bytes: int, qps: int) -> list:
+    """[(QP index, bytes), ...]: a message striped over a connection's ``qps`` queue pairs
+    as NCCL does with NCCL_IB_QPS_PER_CONNECTION > 1 and NCCL_IB_SPLIT_DATA_ON_QPS=1, in
+    whole MTU packets (so the packet count is that of the unsplit message), the first QPs
+    taking one more packet when they do not divide evenly; a message of fewer packets
+    than QPs uses only the first ones. Sender and receiver both derive it from the size."""
+    packets = max(1, -(-nbytes // mtu_bytes))
+    k = min(qps, packets)
+    base, extra = divmod(packets, k)
+    out, left = [], nbytes
+    for i in range(k):
+        b = left if i == k - 1 else min(left, (base + (i < extra)) * mtu_bytes)
+        out.append((i, b))
+        left -= b
+    return out
+
+
 class SendQP:
     def __init__(self, mtu_bytes: int):
         self.mtu = mtu_bytes
@@ -51,6 +68,7 @@ class SendQP:
         self.messages = 0
         self.acked_messages = 0
         self.retransmitted = 0
+        self.retransmitted_bytes = 0  # on the wire (headers included)
         self.naks = 0
         self.timeouts = 0
         self.sent_psn = 0  # one past the highest PSN ever transmitted
@@ -83,6 +101,7 @@ class SendQP:
         """The packet returned by ``peek`` went on the wire."""
         if packet.psn < self.sent_psn:
             self.retransmitted += 1
+            self.retransmitted_bytes += roce.wire_bytes(packet.payload)
         self.sent_psn = max(self.sent_psn, packet.psn + 1)
         self.next_index += 1
         if self.last_progress_ns is None:

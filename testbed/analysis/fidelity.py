@@ -12,8 +12,9 @@ emulation kept up with the time dilation it was given:
 - ``ovs_cpu``: ovs-vswitchd (whose userspace datapath forwards on one thread) was not
   saturated (p95 of its CPU use in cores);
 - ``telemetry``: the collector missed no poll;
-- ``reordering``: in a run where no queue dropped a packet, no packet of a flow arrived
-  out of order (flow-hashed ECMP keeps a flow on one path, so only the emulation can
+- ``reordering``: in a run where no queue dropped a packet and each QP keeps one path
+  (``load_balancing: flow``), no packet of a flow arrived out of order (flow-hashed
+  ECMP keeps a flow on one path, so only the emulation can
   reorder it: a busy host delivering one flow through two CPUs' backlogs); each such
   arrival costs a go-back-N retransmission a real fabric would not have;
 - ``pfc_reaction``: the PFC process saw a queue cross XOFF and applied a received pause
@@ -153,6 +154,8 @@ def reordering(r) -> dict | None:
     last = q.sort_values("t_ns").groupby("intf").tail(1)  # the counters are cumulative
     if int(last.drops.sum()) or ("tbf_drops" in last and int(last.tbf_drops.sum())):
         return None  # a dropped packet also arrives "out of order": nothing to tell apart
+    if ((r.plan.get("training") or {}).get("transport") or {}).get("load_balancing", "flow") != "flow":
+        return None  # spraying and flowlets send a QP's packets over several paths: they reorder
     n = int(qps.out_of_order_received.fillna(0).sum())
     lost = int(r.nics.udp_receive_errors.fillna(0).sum()) if "udp_receive_errors" in r.nics else 0
     cause = (f"the GPUs' receive sockets dropped {lost} packets (an agent did not read in time)" if lost else

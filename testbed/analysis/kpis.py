@@ -13,8 +13,13 @@ Definitions (the IETF BMWG AI-fabric benchmarking draft's KPIs; nccl-tests' band
   "max since the last poll") and the run's maximum; and the median depth at the polls that
   ended a backlogged interval (max since the last poll > 0): where the queue sits while it
   is congested, the number ECN's Kmin is meant to set.
-- ECMP imbalance: per group of parallel uplinks (a leaf's ports to the spines), max/mean
-  of the bytes sent over the run; 1.0 is perfect spreading.
+- ECMP imbalance (the draft's MMR, max-to-mean ratio of link load): per group of parallel
+  uplinks (a leaf's ports to the spines), max/mean of the bytes sent over the run; 1.0 is
+  perfect spreading; and Jain's index of the same loads (1.0: equal; 1/n: one link
+  carries everything).
+- out-of-order ratio: data packets that arrived ahead of the PSN their QP expected, over
+  the data packets that arrived; retransmitted bytes on the wire (go-back-N resends every
+  packet after a gap).
 - Jain fairness: (sum x)^2 / (n sum x^2) over the throughputs of the fabric sends that
   ran at the same time (the sends of one collective step), averaged over steps.
 
@@ -212,9 +217,14 @@ def _ecmp(r) -> dict:
     for leaf, intfs in groups.items():
         b = [sent.get(i, 0) for i in intfs]
         mean = sum(b) / len(b)
-        per_leaf[leaf] = {"bytes": dict(zip(intfs, map(int, b))), "imbalance": max(b) / mean if mean else None}
+        per_leaf[leaf] = {"bytes": dict(zip(intfs, map(int, b))), "imbalance": max(b) / mean if mean else None,
+                          "jain": jain(b)}
     vals = [v["imbalance"] for v in per_leaf.values() if v["imbalance"] is not None]
-    return {"per_leaf": per_leaf, "imbalance": max(vals) if vals else None}
+    jains = [v["jain"] for v in per_leaf.values() if v["jain"] is not None]
+    t = (r.plan.get("training") or {}).get("transport", {})
+    return {"per_leaf": per_leaf, "imbalance": max(vals) if vals else None,
+            "jain_min": min(jains) if jains else None, "load_balancing": t.get("load_balancing", "flow"),
+            "qps_per_connection": t.get("qps_per_connection", 1)}
 
 
 def jain(xs) -> float | None:

@@ -322,7 +322,10 @@ def compare_html(summaries: list[dict]) -> str:
                ("drops (ppm)", lambda s: s.get("drops", {}).get("ppm")),
                ("PFC pause frames", lambda s: s.get("pfc", {}).get("pause_frames", 0)),
                ("queue depth max (bytes)", lambda s: s.get("queues", {}).get("max_depth_bytes")),
-               ("retransmitted packets", lambda s: s.get("transport", {}).get("retransmitted")))
+               ("retransmitted packets", lambda s: s.get("transport", {}).get("retransmitted")),
+               ("retransmitted bytes", lambda s: s.get("transport", {}).get("retransmitted_bytes")),
+               ("uplink load MMR (max / mean)", lambda s: s.get("ecmp", {}).get("imbalance")),
+               ("out-of-order arrival ratio", lambda s: s.get("transport", {}).get("out_of_order_ratio")))
     for i, (name, get) in enumerate(metrics):
         fig = go.Figure(go.Bar(x=ids, y=[get(s) for s in summaries]))
         fig.update_layout(title=name, height=300)

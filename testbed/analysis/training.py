@@ -18,8 +18,9 @@ from testbed.jsonlines import read_events
 from testbed.model import collectives
 from testbed.wire import roce
 
-QP_TOTALS = ("packets_sent", "retransmitted", "timeouts", "naks_sent", "cnps_sent", "cnps_received", "ce_received",
-             "dcqcn_cuts")
+QP_TOTALS = ("packets_sent", "retransmitted", "retransmitted_bytes", "timeouts", "naks_sent", "cnps_sent",
+             "cnps_received", "ce_received", "dcqcn_cuts", "packets_received", "out_of_order_received",
+             "entropy_changes")
 
 
 def load_records(records_dir: Path) -> list:
@@ -80,6 +81,10 @@ def _transport(records: list, dilation: float) -> dict:
     qps = [r for r in records if r.get("type") == "qp"]
     totals = {k: sum(q.get(k, 0) for q in qps) for k in QP_TOTALS}
     totals["nvlink_packets_sent"] = sum(q.get("packets_sent", 0) for q in qps if q.get("link") == "nvlink")
+    # out-of-order arrivals: data packets whose PSN was ahead of the one expected (reordered
+    # by the paths, or after a loss), as a share of the data packets that arrived
+    arrived = totals["packets_received"]
+    totals["out_of_order_ratio"] = totals["out_of_order_received"] / arrived if arrived else 0.0
     nics = [r for r in records if r.get("type") == "nic"]
     totals["pause_frames_received"] = sum(n.get("pause_frames_received", 0) for n in nics)
     totals["paused_real_ns"] = sum(n.get("paused_ns", 0) for n in nics) / dilation

@@ -51,6 +51,10 @@ class Workload:
     pipeline_bytes: int = 0  # activations sent between pipeline stages per micro-batch
     tensor_bytes: int = 0  # bytes of each tensor-parallel AllReduce (NVLink)
     dcqcn_params: tuple = ()  # ((agent.dcqcn.Params field, value), ...) overriding NVIDIA's defaults
+    qps_per_connection: int = 1  # queue pairs a connection's messages are split over (ECMP entropy)
+    load_balancing: str = "flow"  # flow | spray | flowlet: how a QP chooses its UDP source port
+    spray_packets: int = 1  # spray: a new source port every this many packets
+    flowlet_gap_ns: int = 10_000  # flowlet: a new source port after an idle gap this long (real time)
 
     @property
     def compute_ns(self) -> int:
@@ -89,7 +93,7 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     if bucket is not None and bucket < 4 * (data or 1):
         c.problem(path + ("collective", "bucket"), f"expected a bucket of at least {4 * (data or 1)} bytes (a 4-byte "
                                                    f"word per rank), got {bucket}")
-    mtu, dcqcn, dcqcn_params = _transport(c, doc, path)
+    mtu, dcqcn, dcqcn_params, balance = _transport(c, doc, path)
     schedule, micro_batches, activations, per_stage_layers = _pipeline(c, doc, path, pipeline)
     if c.problems or None in (iterations, data, mapping, forward, backward, algorithm, gradient) or mtu not in RDMA_MTUS:
         return None
@@ -101,7 +105,7 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
                     micro_batches=micro_batches, pipeline_bytes=activations,
                     # Megatron: 2 AllReduces per layer forward (attention, MLP) and 2 backward;
                     # modelled as one AllReduce of their total after each forward/backward
-                    tensor_bytes=2 * per_stage_layers * activations, dcqcn_params=dcqcn_params)
+                    tensor_bytes=2 * per_stage_layers * activations, dcqcn_params=dcqcn_params, **balance)
 
 
 def _parallelism(c, doc, path: tuple, gpus: int | None) -> tuple:
@@ -169,9 +173,9 @@ def _collective(c, doc, path: tuple, data, pipeline, tensor) -> tuple:
 
 
 def _transport(c, doc, path: tuple) -> tuple:
-    """(RoCE MTU, DCQCN on/off, DCQCN parameters)."""
+    """(RoCE MTU, DCQCN on/off, DCQCN parameters, load-balancing fields of ``Workload``)."""
     tr_path = path + ("transport",)
-    tr = c.mapping(doc.get("transport"), tr_path, ("mtu", "dcqcn"))
+    tr = c.mapping(doc.get("transport"), tr_path, ("mtu", "dcqcn") + BALANCE_KEYS)
     mtu = tr.get("mtu", 4096)
     if mtu not in RDMA_MTUS:
         c.problem(tr_path + ("mtu",), f"expected an RDMA path MTU ({', '.join(map(str, RDMA_MTUS))}), "
@@ -183,7 +187,30 @@ def _transport(c, doc, path: tuple) -> tuple:
         dcqcn = "on"
     elif dcqcn not in (True, False, "on", "off"):
         c.problem(tr_path + ("dcqcn",), f"expected on, off or a mapping of DCQCN parameters, got {_show(dcqcn)}")
-    return mtu, dcqcn, dcqcn_params
+    return mtu, dcqcn, dcqcn_params, _balance(c, tr, tr_path)
+
+
+BALANCE_KEYS = ("qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap")
+LOAD_BALANCING = ("flow", "spray", "flowlet")
+MAX_QPS_PER_CONNECTION = 8  # the QP number has 3 bits for it (wire.roce.qpn)
+
+
+def _balance(c, tr: dict, path: tuple) -> dict:
+    """How a connection spreads over the fabric's paths: ``qps_per_connection`` (NCCL's
+    NCCL_IB_QPS_PER_CONNECTION, each QP its own UDP source port) and ``load_balancing``
+    (flow: one source port per QP; spray: a new one every ``spray_packets`` packets;
+    flowlet: a new one after an idle gap of ``flowlet_gap``, real time)."""
+    qps = c.integer(tr, "qps_per_connection", path, default=1, minimum=1, maximum=MAX_QPS_PER_CONNECTION)
+    mode = c.choice(tr, "load_balancing", path, LOAD_BALANCING, "flow")
+    spray = c.integer(tr, "spray_packets", path, default=1, minimum=1, maximum=1_000_000)
+    gap = c.unit(tr, "flowlet_gap", path, units.parse_duration_ns, default="10us")
+    if gap is not None and gap <= 0:
+        c.problem(path + ("flowlet_gap",), f"expected a duration > 0, got {_show(tr['flowlet_gap'])}")
+    for key, needs in (("spray_packets", "spray"), ("flowlet_gap", "flowlet")):
+        if key in tr and mode is not None and mode != needs:
+            c.problem(path + (key,), f"only used with load_balancing: {needs} (this one is {mode})")
+    return {"qps_per_connection": qps or 1, "load_balancing": mode or "flow", "spray_packets": spray or 1,
+            "flowlet_gap_ns": gap or 10_000}
 
 
 def _pipeline(c, doc, path: tuple, pipeline) -> tuple:

@@ -52,7 +52,9 @@ def plan_training(plan, workload, table) -> TrainingPlan:
              for r, name in enumerate(lay.order)}
     transport = {"mtu_bytes": workload.mtu_bytes, "dcqcn": workload.dcqcn,
                  "dcqcn_params": dict(workload.dcqcn_params), "rto_ns": RTO_REAL_NS,
-                 "fabric_line_bps": link_bps, "nvlink_line_bps": nvlink_bps}
+                 "fabric_line_bps": link_bps, "nvlink_line_bps": nvlink_bps,
+                 "qps_per_connection": workload.qps_per_connection, "load_balancing": workload.load_balancing,
+                 "spray_packets": workload.spray_packets, "flowlet_gap_ns": workload.flowlet_gap_ns}
     return TrainingPlan(collectives=tuple(collectives), ideal=ideal(workload, collectives, link_bps, latency_ns),
                         ranks=ranks, transport=transport, iterations=workload.iterations,
                         expand=partial(_expand, build))

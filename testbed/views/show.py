@@ -118,6 +118,11 @@ def _workload(plan, wl) -> list:
            + f"; gradients {format_size(wl.gradient_bytes)} ({wl.gradient_source}) in "
              f"{len(wl.allreduce_bytes)} bucket(s) by {wl.algorithm}; RoCE MTU {wl.mtu_bytes}; "
              f"DCQCN {'on' if wl.dcqcn else 'off'}"]
+    how = {"flow": "one UDP source port per QP (ECMP pins each QP to a path)",
+           "spray": "a new UDP source port every " + (f"{wl.spray_packets} packets" if wl.spray_packets > 1 else "packet"),
+           "flowlet": f"a new UDP source port after {format_duration(wl.flowlet_gap_ns)} idle"}[wl.load_balancing]
+    out.append(f"  load balancing {wl.load_balancing}: {wl.qps_per_connection} QP"
+               f"{'s' if wl.qps_per_connection > 1 else ''} per connection, {how}")
     if wl.pipeline > 1:
         out.append(f"  pipeline: {format_size(wl.pipeline_bytes)} of activations per micro-batch and hop")
     if wl.tensor > 1:

@@ -65,9 +65,12 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
                          f"polls"))
     m = s.get("ecmp", {})
     if m.get("imbalance") is not None:
-        rows.append(("ECMP imbalance (max / mean uplink bytes)", f"{m['imbalance']:.2f}",
+        qps = m.get("qps_per_connection", 1)
+        rows.append(("Uplink load MMR (max / mean bytes)", f"{m['imbalance']:.2f}",
                      f"1.00 = even; {len(m['per_leaf'])} leaves x {len(next(iter(m['per_leaf'].values()))['bytes'])}"
-                     f" uplinks"))
+                     f" uplinks; {m.get('load_balancing', 'flow')}, {qps} QP{'' if qps == 1 else 's'} per connection"))
+        if m.get("jain_min") is not None:
+            rows.append(("Jain fairness of uplink loads (worst leaf)", f"{m['jain_min']:.3f}", "1.000 = equal loads"))
     f = s.get("fairness", {})
     if f:
         rows.append(("Jain fairness of concurrent flows", f"mean {f['jain_mean']:.3f}, min {f['jain_min']:.3f}",
@@ -78,6 +81,10 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
                      f"{t.get('retransmitted', 0)} / {t.get('timeouts', 0)} / {t.get('naks_sent', 0)}",
                      f"of {t.get('packets_sent', 0)} sent"))
         rows.append(("CNPs sent / DCQCN rate cuts", f"{t.get('cnps_sent', 0)} / {t.get('dcqcn_cuts', 0)}", ""))
+        if "out_of_order_ratio" in t:
+            rows.append(("Out-of-order arrivals / retransmitted bytes",
+                         f"{t['out_of_order_ratio']:.2%} / {units.format_size(t.get('retransmitted_bytes', 0))}",
+                         f"of {t.get('packets_received', 0)} data packets received"))
     return rows
 
 
@@ -136,9 +143,16 @@ def narrative(s: dict) -> list[str]:
                 parts.append(f"{d['packets']} packets were dropped and {t.get('retransmitted', 0)} retransmitted")
             out.append("; ".join(parts) + ".")
     m = s.get("ecmp", {})
-    if m.get("imbalance") and m["imbalance"] > 1.5:
+    spread = m.get("load_balancing", "flow") != "flow" or m.get("qps_per_connection", 1) > 1
+    if m.get("imbalance") and m["imbalance"] > 1.5 and not spread:
         out.append(f"ECMP hashes whole flows onto uplinks: with a few large flows (one queue pair per ring "
                    f"neighbour) a leaf's busiest uplink carried x{m['imbalance']:.2f} the mean.")
+    elif m.get("imbalance") and spread:
+        qps = m.get("qps_per_connection", 1)
+        out.append(f"Load balancing {m['load_balancing']} with {qps} queue pair{'' if qps == 1 else 's'} per "
+                   f"connection: a leaf's busiest uplink carried x{m['imbalance']:.2f} the mean"
+                   + (f"; {t['out_of_order_ratio']:.1%} of data packets arrived out of order" if
+                      t.get("out_of_order_ratio") else "") + ".")
     return out
 
 

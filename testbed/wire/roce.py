@@ -39,7 +39,7 @@ OP_CNP = 0x81
 AETH_ACK = 0x1F  # ACK, credit count "invalid" (no end-to-end credits)
 AETH_NAK_SEQ = 0x60  # NAK: PSN sequence error (the requester goes back N)
 PSN_MASK = 0xFFFFFF
-NVLINK_QPN_BIT = 1 << 22  # QPs on a server's NVLink segment (``qpn`` uses the low 20 bits)
+NVLINK_QPN_BIT = 1 << 22  # QPs on a server's NVLink segment (``qpn``: GPUs in the low 20 bits)
 
 ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, AETH_LEN, ICRC_LEN, CNP_PAD_LEN = 14, 20, 8, 12, 4, 4, 16
 OFF_IP = ETH_LEN
@@ -55,16 +55,33 @@ def wire_bytes(payload_bytes: int) -> int:
     return payload_bytes + HEADER_BYTES
 
 
-def qpn(local: int, remote: int) -> int:
-    """QP number of GPU ``local``'s QP connected to GPU ``remote`` (1-based GPU numbers):
-    unique per pair, never 0 or 1 (special QPs), fits in 24 bits up to 1024 GPUs."""
-    return (local << 10) | remote
+QP_INDEX_BITS = (20, 21, 23)  # a connection's QP index (0..7) in the QP number; bit 22 is NVLink
+SPRAY_ENTROPY_VALUES = 64  # distinct UDP source ports a spraying QP cycles through
 
 
-def udp_source_port(src_qpn: int, dst_qpn: int) -> int:
+def qpn(local: int, remote: int, qp: int = 0) -> int:
+    """QP number of GPU ``local``'s ``qp``-th QP connected to GPU ``remote`` (1-based GPU
+    numbers; ``qp`` < 8): unique per pair and index, never 0 or 1 (special QPs), fits in 24
+    bits up to 1023 GPUs."""
+    n = (local << 10) | remote
+    for i, bit in enumerate(QP_INDEX_BITS):
+        if qp >> i & 1:
+            n |= 1 << bit
+    return n
+
+
+def split_qpn(n: int) -> tuple:
+    """(local GPU, remote GPU, QP index, NVLink?) of a QP number made by ``qpn``."""
+    qp = sum(1 << i for i, bit in enumerate(QP_INDEX_BITS) if n >> bit & 1)
+    return (n >> 10) & 0x3FF, n & 0x3FF, qp, bool(n & NVLINK_QPN_BIT)
+
+
+def udp_source_port(src_qpn: int, dst_qpn: int, entropy: int = 0) -> int:
     """The ECMP entropy a RoCE NIC puts in the UDP source port: a hash of the QP pair,
-    kept in the dynamic range."""
-    return 0xC000 | (zlib.crc32(struct.pack("!II", src_qpn, dst_qpn)) & 0x3FFF)
+    kept in the dynamic range. ``entropy`` > 0 picks another value for the same QP (a
+    spraying sender's per-packet entropy, as Ultra Ethernet's EV)."""
+    key = struct.pack("!II", src_qpn, dst_qpn) + (struct.pack("!I", entropy) if entropy else b"")
+    return 0xC000 | (zlib.crc32(key) & 0x3FFF)
 
 
 @dataclass(frozen=True)

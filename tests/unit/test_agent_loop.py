@@ -58,14 +58,14 @@ def op(i, kind, deps=(), peer=None, nbytes=0, duration_ns=0):
 
 @pytest.fixture
 def make_agent(tmp_path):
-    def make(ops, dcqcn=False):
+    def make(ops, dcqcn=False, **transport):
         clock, rx, pause = Clock(), Inbox(), Inbox()
         cfg = {"gpu": "h1", "index": 1, "dilation": D, "mtu_bytes": MTU, "dcqcn": dcqcn, "dcqcn_params": {},
                "rto_ns": 128_000, "ops": ops, "records": str(tmp_path / "h1.jsonl"),
                "nics": {"fabric": {"intf": "h1-eth0", "mac": "02:01:00:00:01:01", "ip": "10.0.1.1",
                                    "line_bps": LINE_BPS}},
                "peers": {"h2": {"index": 2, "mac": "02:01:00:00:02:01", "ip": "10.0.2.1", "nvlink_mac": None,
-                                "nvlink_ip": None}}}
+                                "nvlink_ip": None}}, **transport}
         agent = Agent(cfg, clock=clock, wait=lambda socks, t: None, open_nic=FakeNic, open_rx=lambda: rx,
                       open_pause=lambda intf: pause)
         agent.prepare(clock.now)
