@@ -67,9 +67,10 @@ def measure(seconds: float) -> dict:
     peer = {"index": 2, "mac": b.mac, "ip": b.ip}
     for mode in ("flow", "spray"):
         from testbed.agent.dcqcn import Params
+        from testbed.units import Dilation
 
         agent = SimpleNamespace(index=1, mtu=4096, params=Params(), cfg={"dcqcn": False}, balance=mode,
-                                spray_packets=1, flowlet_gap_ns=0)
+                                spray_packets=1, flowlet_gap_ns=0, kind="roce", d=Dilation(1))
         ch = Channel(agent, "h2", peer, nic)
         pkts = [Packet(psn, roce.OP_SEND_MIDDLE, 4096, psn % 8 == 7, 0, False) for psn in range(1024)]
         out[f"agent Channel.data_frame, {mode}"] = loop(

@@ -7,13 +7,20 @@
  * that queue per ifindex: bytes drain at the port rate using the kernel clock, and the
  * token bucket (burst) is modelled so that the shadow depth follows the real backlog.
  * On each packet, with the depth it finds:
- *   depth + len > buffer           -> drop (counted): the buffer is full
+ *   depth + len > buffer           -> drop (counted): the buffer is full; with trimming on
+ *                                     (cfg.trim), an IPv4/UDP packet is instead cut to its
+ *                                     headers (Ethernet, IPv4, UDP, BTH, 4 bytes for the
+ *                                     ICRC: 58 bytes), remarked to DSCP 46 (not ECT) and sent
+ *                                     in the control class (counted as trimmed), as Ultra
+ *                                     Ethernet switches trim so the receiver learns of the
+ *                                     loss at once
  *   ECT and depth >= kmax          -> mark CE
  *   ECT and kmin < depth < kmax    -> mark CE with probability pmax * (depth-kmin)/(kmax-kmin)
  * kmin == kmax is DCTCP step marking; ECN off is kmin = kmax = 2^64-1.
  *
  * Two traffic classes per port (the veths have two TX queues under an mq root): IPv4
- * packets with DSCP 48 (CNPs, ACKs: the control class) go to TX queue 1, which is never
+ * packets with DSCP 48 (CNPs, ACKs: the control class) or 46 (trimmed packets) go to TX
+ * queue 1, which is never
  * paused and not modelled here (only counted); everything else goes to TX queue 0, the
  * lossless RoCE data class behind the TBF that this program models. While user space has
  * paused the data class (PFC: cfg.paused), the shadow queue does not drain.
@@ -41,6 +48,9 @@
 #define ECN_CE 0x3
 #define MAX_ELAPSED_NS 10000000000ULL
 #define DSCP_CONTROL 48
+#define DSCP_TRIMMED 46
+#define IPPROTO_UDP_ 17
+#define TRIM_IP_LEN (20 + 8 + 12 + 4) /* IPv4, UDP, BTH, ICRC: what a trimmed packet keeps */
 /* skb->queue_mapping written by tc BPF is the TX queue + 1 (0 lets the kernel pick) */
 #define QUEUE_DATA 1
 #define QUEUE_CONTROL 2
@@ -53,6 +63,7 @@ struct cfg {
 	__u64 kmax_bytes;    /* every ECT packet is marked at or above this depth */
 	__u64 pmax;          /* marking probability at kmax, scaled to 2^32 */
 	__u64 paused;        /* non-zero while PFC pauses the data class: no drain */
+	__u64 trim;          /* non-zero: trim instead of dropping */
 };
 
 struct state {
@@ -68,6 +79,7 @@ struct state {
 	__u64 epoch;
 	__u64 prev_max_depth_bytes; /* in epoch 'epoch' - 1 */
 	__u64 control_packets;      /* sent in the control class (not queued here) */
+	__u64 trimmed;              /* data packets cut to their headers instead of dropped */
 	struct bpf_spin_lock lock;
 };
 
@@ -138,6 +150,30 @@ static __always_inline void drain(struct state *s, const struct cfg *c, __u64 no
 	}
 }
 
+/* Cut the frame to its headers, set DSCP 46 (not ECT), fix the IPv4 length and checksum
+ * and the UDP length (RoCE sends UDP checksum 0: nothing to fix there); the control
+ * class carries it. */
+static __always_inline int trim_packet(struct __sk_buff *skb, __u8 tos)
+{
+	__u16 old_len = 0, new_len = bpf_htons(TRIM_IP_LEN), udp_len = bpf_htons(TRIM_IP_LEN - 20);
+	__u16 old_word, new_word;
+	__u8 new_tos = DSCP_TRIMMED << 2;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tot_len), &old_len, 2) != 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_change_tail(skb, ETH_HLEN + TRIM_IP_LEN, 0) != 0)
+		return TC_ACT_SHOT;
+	old_word = bpf_htons(((__u16)0x45 << 8) | tos);
+	new_word = bpf_htons(((__u16)0x45 << 8) | new_tos);
+	bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_word, new_word, 2);
+	bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_len, new_len, 2);
+	bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tos), &new_tos, 1, 0);
+	bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tot_len), &new_len, 2, 0);
+	bpf_skb_store_bytes(skb, ETH_HLEN + 20 + 4, &udp_len, 2, 0); /* UDP length */
+	skb->queue_mapping = QUEUE_CONTROL;
+	return TC_ACT_OK;
+}
+
 SEC("tc")
 int marker(struct __sk_buff *skb)
 {
@@ -147,9 +183,10 @@ int marker(struct __sk_buff *skb)
 	struct state *s, zero = {};
 	__u16 proto = 0;
 	__u8 vihl_tos[2] = {0, 0}; /* IPv4 version/IHL byte and TOS */
-	__u64 len = skb->len, depth, span, now, epoch, rate, burst, buffer, kmin, kmax, pmax;
+	__u8 ip_proto = 0;
+	__u64 len = skb->len, depth, span, now, epoch, rate, burst, buffer, kmin, kmax, pmax, trim;
 	__u32 draw;
-	int is_ip = 0, is_ect = 0, is_control = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop */
+	int is_ip = 0, is_ect = 0, is_control = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop, 3 trim */
 
 	if (!c)
 		return TC_ACT_OK;
@@ -167,6 +204,7 @@ int marker(struct __sk_buff *skb)
 	kmin = c->kmin_bytes;
 	kmax = c->kmax_bytes;
 	pmax = c->pmax;
+	trim = c->trim;
 	epoch_p = bpf_map_lookup_elem(&testbed_epoch, &zero_key);
 	epoch = epoch_p ? *epoch_p : 0;
 
@@ -178,19 +216,23 @@ int marker(struct __sk_buff *skb)
 	    bpf_skb_load_bytes(skb, ETH_HLEN, vihl_tos, 2) == 0 && (vihl_tos[0] >> 4) == 4) {
 		is_ip = 1;
 		is_ect = (vihl_tos[1] & ECN_MASK) != 0;
-		is_control = (vihl_tos[1] >> 2) == DSCP_CONTROL;
+		is_control = (vihl_tos[1] >> 2) == DSCP_CONTROL || (vihl_tos[1] >> 2) == DSCP_TRIMMED;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, protocol), &ip_proto, 1) != 0)
+			ip_proto = 0;
 	}
-	/* one store through the context pointer (the verifier refuses a derived one) */
-	skb->queue_mapping = is_control ? QUEUE_CONTROL : QUEUE_DATA;
 	if (is_control) {
+		/* one store through the context pointer (the verifier refuses a derived one) */
+		skb->queue_mapping = QUEUE_CONTROL;
 		__sync_fetch_and_add(&s->control_packets, 1);
 		return TC_ACT_OK;
 	}
 	/* Not IPv4: the one-frame restart the PFC process sends into the data queue when it
 	 * resumes the port (a TBF whose rate changed keeps the watchdog it set at the paused
 	 * rate, so its backlog waits for the next arrival otherwise). Not data: not modelled. */
-	if (!is_ip)
+	if (!is_ip) {
+		skb->queue_mapping = QUEUE_DATA;
 		return TC_ACT_OK;
+	}
 	draw = bpf_get_prandom_u32();
 	now = bpf_ktime_get_ns(); /* no helper calls while holding the lock */
 
@@ -214,7 +256,11 @@ int marker(struct __sk_buff *skb)
 	s->bytes += len;
 	if (is_ect)
 		s->ect++;
-	if (depth + len > buffer) {
+	if (depth + len > buffer && trim && ip_proto == IPPROTO_UDP_ && vihl_tos[0] == 0x45 &&
+	    len > ETH_HLEN + TRIM_IP_LEN) {
+		verdict = 3;
+		s->trimmed++;
+	} else if (depth + len > buffer) {
 		verdict = 2;
 		s->drops++;
 	} else {
@@ -241,6 +287,9 @@ int marker(struct __sk_buff *skb)
 
 	if (verdict == 2)
 		return TC_ACT_SHOT;
+	if (verdict == 3)
+		return trim_packet(skb, vihl_tos[1]);
+	skb->queue_mapping = QUEUE_DATA;
 	if (verdict == 1) {
 		__u8 tos, ce;
 		__u16 old, new;

@@ -121,11 +121,12 @@ grep -E '^ *(PASS|FAIL) ' "$work/lab.log" | sed 's/^ */[lab-vm] lab '"$lab"': /'
 # up on the kernel datapath). Left out too: test_training.py (its bounds need GPU agents
 # that pace at the emulated line rate; under software CPU emulation they cannot),
 # test_report.py (its light run must pass the fidelity guard; no Chromium in the VM either)
-# and test_labs.py (each lab's check starts with "the fidelity guard trusted each run";
-# one lab ran above, at the dilation its check asks for).
+# test_labs.py (each lab's check starts with "the fidelity guard trusted each run";
+# one lab ran above, at the dilation its check asks for) and test_load_balancing.py (six
+# trusted runs of agents pacing at line rate, as test_training.py).
 [ $# -gt 0 ] || set -- tests/integration -v -p no:warnings -m "not datapath_independent" \
     --ignore=tests/integration/test_training.py --ignore=tests/integration/test_report.py \
-    --ignore=tests/integration/test_labs.py
+    --ignore=tests/integration/test_labs.py --ignore=tests/integration/test_load_balancing.py
 step pytest vagrant ssh -c "cd /vagrant && sudo TESTBED_EXPECT_DATAPATH=kernel TESTBED_TIMING_SLACK=4 \
     python -m pytest -p no:cacheprovider $(printf '%q ' "$@")" || true
 tail -3 "$work/pytest.log"

@@ -17,10 +17,13 @@ import socket
 from collections import defaultdict, deque
 
 from testbed.agent.dcqcn import ReactionPoint
+from testbed.agent.nscc import Nscc
 from testbed.agent.transport import RecvQP, SendQP, split_message
+from testbed.agent.uet import UetRecvQP, UetSendQP
 from testbed.wire import roce
 
 TX_BUFFER_BYTES = 4 * 1024 * 1024
+CONTROL_OPCODES = (roce.OP_ACK, roce.OP_CNP, roce.OP_UET_SACK, roce.OP_UET_NACK)
 
 
 class Nic:
@@ -60,8 +63,19 @@ class Channel:
         self.data = {}  # (entropy, payload length) -> FrameTemplate
         self.ack = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.AETH_LEN, roce.DSCP_CONTROL, 0)
         self.cnp = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.CNP_PAD_LEN, roce.DSCP_CNP, 0)
-        self.sendq, self.recvq = SendQP(agent.mtu), RecvQP()
-        self.rp = ReactionPoint(nic.line_bps, 0, agent.params, enabled=agent.cfg["dcqcn"] and nic.link == "fabric")
+        self.uet = agent.kind == "uet" and nic.link == "fabric"
+        if self.uet:  # NSCC instead of DCQCN
+            cc = Nscc(agent.mtu, nic.line_bps, agent.base_rtt_ns, agent.trimming, 0)
+            self.sendq = UetSendQP(agent.mtu, cc, agent.d.factor, agent.store_and_forward_ns)
+            self.recvq = UetRecvQP()
+            self.sack = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.SACK.size,
+                                           roce.DSCP_CONTROL, 0)
+            self.nack = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, 4, roce.DSCP_CONTROL, 0)
+        else:
+            self.sendq, self.recvq = SendQP(agent.mtu), RecvQP()
+        self.rp = ReactionPoint(nic.line_bps, 0, agent.params,
+                                enabled=agent.cfg["dcqcn"] and nic.link == "fabric" and not self.uet)
+        self.cnp_interval_ns = int(agent.d.duration_ns(agent.params.cnp_interval_ns))
         self.next_tx_ns = 0
         self.tx_since_ns = None  # when this channel last went from nothing to send to something
         self.last_cnp_ns = None
@@ -93,6 +107,71 @@ class Channel:
                                                        pkt.payload, roce.DSCP_DATA, roce.ECT0)
         body = payload if pkt.payload == len(payload) else payload[:pkt.payload]
         return tmpl.frame(pkt.opcode, pkt.psn & roce.PSN_MASK, pkt.ackreq, body)
+
+    def cc_report(self) -> dict:
+        """NSCC's state at the end (UET QPs): window, base RTT measured, what its ACKs did."""
+        cc, r = self.sendq.cc, self.recvq
+        return {"nscc_cwnd_bytes": cc.cwnd, "nscc_base_rtt_ns": cc.base_rtt_ns, "nscc_avg_delay_ns": cc.avg_delay_ns,
+                **{f"nscc_{k}": v for k, v in cc.counts.items()}, "trimmed_received": r.trimmed}
+
+    def on_control(self, pkt, now: int, real_now: int) -> list:
+        """An ACK, NAK, SACK, NACK or CNP for this QP; returns the message numbers of the
+        send QP now fully acknowledged."""
+        c = self.counters
+        if pkt.opcode == roce.OP_CNP:
+            c["cnps_received"] += 1
+            self.rp.on_cnp(real_now)
+            return []
+        if pkt.opcode == roce.OP_UET_SACK and self.uet:
+            return self.sendq.on_sack(pkt.psn, pkt.body, now)
+        if pkt.opcode == roce.OP_UET_NACK and self.uet:
+            c["nacks_received"] += 1
+            self.sendq.on_nack(pkt.psn, now)
+            return []
+        if pkt.opcode == roce.OP_ACK and not self.uet:
+            if pkt.syndrome == roce.AETH_NAK_SEQ:
+                c["naks_received"] += 1
+                return self.sendq.on_nak(pkt.psn, now)
+            return self.sendq.on_ack(pkt.psn, now)
+        c["foreign"] += 1
+        return []
+
+    def on_data(self, pkt, tos: int, now: int) -> int:
+        """A data packet for this QP (``tos``: its IP TOS byte); answers it (ACK/NAK, SACK/NACK,
+        CNP) and returns how many messages it completed (their arrival times queued)."""
+        c = self.counters
+        ce = (tos & 0b11) == roce.CE
+        if ce:
+            c["ce_received"] += 1
+            if not self.uet and (self.last_cnp_ns is None or now - self.last_cnp_ns >= self.cnp_interval_ns):
+                self.last_cnp_ns = now
+                c["cnps_sent"] += 1
+                self.nic.send(self.cnp.frame(roce.OP_CNP, 0, False, bytes(16)))
+        if self.uet:
+            if tos >> 2 == roce.DSCP_TRIMMED:
+                if self.recvq.on_trimmed(pkt.psn):
+                    c["nacks_sent"] += 1
+                    self.nic.send(self.nack.frame(roce.OP_UET_NACK, pkt.psn, False, bytes([roce.NACK_TRIMMED, 0, 0, 0])))
+                return 0
+            c["packets_received"] += 1
+            sack, completed = self.recvq.on_data(pkt.psn, pkt.opcode, pkt.payload_len, pkt.ackreq, ce)
+            if sack is not None:
+                c["acks_sent"] += 1
+                self.nic.send(self.sack.frame(roce.OP_UET_SACK, pkt.psn, False, sack))
+            self.arrivals.extend([now] * len(completed))
+            return len(completed)
+        c["packets_received"] += 1
+        reply, completed = self.recvq.on_data(pkt.psn, pkt.opcode, pkt.payload_len, pkt.ackreq)
+        if reply is not None:
+            kind, psn = reply
+            syndrome = roce.AETH_NAK_SEQ if kind == "nak" else roce.AETH_ACK
+            msn = len(self.recvq.messages) & roce.PSN_MASK
+            self.nic.send(self.ack.frame(roce.OP_ACK, psn, False, bytes([syndrome]) + msn.to_bytes(3, "big")))
+            c["naks_sent" if kind == "nak" else "acks_sent"] += 1
+        if completed is None:
+            return 0
+        self.arrivals.append(now)
+        return 1
 
 
 class Connection:

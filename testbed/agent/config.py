@@ -29,4 +29,5 @@ def from_plan(plan: dict, gpu: str, records: str) -> dict:
             **{k: t[k] for k in BALANCE if k in t}}
 
 
-BALANCE = ("qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap_ns")
+BALANCE = ("qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap_ns", "kind", "trim", "base_rtt_ns",
+           "store_and_forward_ns")

@@ -32,7 +32,7 @@ from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params
-from testbed.agent.channel import Channel, Connection, Nic, udp_receive_errors
+from testbed.agent.channel import CONTROL_OPCODES, Channel, Connection, Nic, udp_receive_errors
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_RX_BATCH = 256
@@ -89,6 +89,9 @@ class Agent:
         self.balance = cfg.get("load_balancing", "flow")
         self.spray_packets = cfg.get("spray_packets", 1)
         self.flowlet_gap_ns = int(self.d.duration_ns(cfg.get("flowlet_gap_ns", 10_000)))
+        self.kind = cfg.get("kind", "roce")  # the fabric NIC's transport; NVLink stays RoCE
+        self.base_rtt_ns, self.trimming = cfg.get("base_rtt_ns", 0), cfg.get("trim", False)
+        self.store_and_forward_ns = cfg.get("store_and_forward_ns", 0)
         self.conns: dict[tuple, Connection] = {}  # (peer, link) -> Connection
         for name, p in cfg["peers"].items():
             for link, nic in self.nics.items():
@@ -339,42 +342,16 @@ class Agent:
             if ch is None or local != self.index:
                 self.nic_counters["foreign"] += 1
                 continue
-            c = ch.counters
-            if pkt.opcode == roce.OP_ACK:
-                if pkt.syndrome == roce.AETH_NAK_SEQ:
-                    c["naks_received"] += 1
-                    done = ch.sendq.on_nak(pkt.psn, now)
-                else:
-                    done = ch.sendq.on_ack(pkt.psn, now)
-                conn = self.conns[(ch.peer, ch.nic.link)]
-                for msg in done:
+            conn = self.conns[(ch.peer, ch.nic.link)]
+            if pkt.opcode in CONTROL_OPCODES:
+                before = ch.rp.rate_bps
+                for msg in ch.on_control(pkt, now, self.real_ns(now)):
                     op_id = conn.acknowledged(ch, msg)
                     if op_id is not None:
                         self.finish(op_id, now)
-            elif pkt.opcode == roce.OP_CNP:
-                c["cnps_received"] += 1
-                before = ch.rp.rate_bps
-                ch.rp.on_cnp(self.real_ns(now))
                 self.note_rate(ch, before, now)
-            else:
-                c["packets_received"] += 1
-                tos = anc[0][2][0] if anc else 0
-                if (tos & 0b11) == roce.CE:
-                    c["ce_received"] += 1
-                    if ch.last_cnp_ns is None or now - ch.last_cnp_ns >= self.d.duration_ns(self.params.cnp_interval_ns):
-                        ch.last_cnp_ns = now
-                        c["cnps_sent"] += 1
-                        ch.nic.send(ch.cnp.frame(roce.OP_CNP, 0, False, bytes(16)))
-                reply, completed = ch.recvq.on_data(pkt.psn, pkt.opcode, pkt.payload_len, pkt.ackreq)
-                if reply is not None:
-                    kind, psn = reply
-                    syndrome = roce.AETH_NAK_SEQ if kind == "nak" else roce.AETH_ACK
-                    msn = len(ch.recvq.messages) & roce.PSN_MASK
-                    ch.nic.send(ch.ack.frame(roce.OP_ACK, psn, False, bytes([syndrome]) + msn.to_bytes(3, "big")))
-                    c["naks_sent" if kind == "nak" else "acks_sent"] += 1
-                if completed is not None:
-                    ch.arrivals.append(now)
-                    self.match_recv(self.conns[(ch.peer, ch.nic.link)])
+            elif ch.on_data(pkt, anc[0][2][0] if anc else 0, now):
+                self.match_recv(conn)
 
     def report(self):
         for ch in self.channels.values():
@@ -385,6 +362,7 @@ class Agent:
             self.record(type="qp", peer=ch.peer, link=ch.nic.link, qp=ch.qp, packets_sent=q.sent_psn + q.retransmitted,
                         retransmitted=q.retransmitted, retransmitted_bytes=q.retransmitted_bytes,
                         entropy_changes=ch.entropy_changes, timeouts=q.timeouts, naks_received=q.naks,
+                        **(ch.cc_report() if ch.uet else {}),
                         duplicates_received=r.duplicates, out_of_order_received=r.out_of_order,
                         bytes_received=r.bytes, dcqcn_cuts=rp.cuts, final_rate_bps=rp.rate_bps,
                         **{k: v for k, v in c.items() if k != "naks_received"})

@@ -59,6 +59,22 @@ def split_message(nbytes: int, mtu_bytes: int, qps: int) -> list:
     return out
 
 
+def message_packets(nbytes: int, mtu_bytes: int, first_psn: int, msg: int) -> list:
+    """A message cut into MTU packets with consecutive PSNs from ``first_psn``: SEND_FIRST /
+    MIDDLE / LAST (or ONLY); the ack-request bit on the last and every ``ACKREQ_EVERY``."""
+    count = max(1, -(-nbytes // mtu_bytes))
+    out = []
+    for i in range(count):
+        payload = min(mtu_bytes, nbytes - i * mtu_bytes) if nbytes else 0
+        if count == 1:
+            op = roce.OP_SEND_ONLY
+        else:
+            op = roce.OP_SEND_FIRST if i == 0 else roce.OP_SEND_LAST if i == count - 1 else roce.OP_SEND_MIDDLE
+        psn, last = first_psn + i, i == count - 1
+        out.append(Packet(psn, op, payload, last or (psn + 1) % ACKREQ_EVERY == 0, msg, last))
+    return out
+
+
 class SendQP:
     def __init__(self, mtu_bytes: int):
         self.mtu = mtu_bytes
@@ -76,19 +92,11 @@ class SendQP:
 
     def post(self, nbytes: int) -> int:
         """Queue a message; returns its sequence number on this QP."""
-        count = max(1, -(-nbytes // self.mtu))
         msg = self.messages
         self.messages += 1
-        for i in range(count):
-            payload = min(self.mtu, nbytes - i * self.mtu) if nbytes else 0
-            if count == 1:
-                op = roce.OP_SEND_ONLY
-            else:
-                op = roce.OP_SEND_FIRST if i == 0 else roce.OP_SEND_LAST if i == count - 1 else roce.OP_SEND_MIDDLE
-            last = i == count - 1
-            self.unacked.append(Packet(self.next_psn, op, payload, last or (self.next_psn + 1) % ACKREQ_EVERY == 0,
-                                       msg, last))
-            self.next_psn += 1
+        packets = message_packets(nbytes, self.mtu, self.next_psn, msg)
+        self.unacked.extend(packets)
+        self.next_psn += len(packets)
         return msg
 
     def has_pending(self) -> bool:

@@ -152,8 +152,8 @@ def reordering(r) -> dict | None:
     if qps.empty or "out_of_order_received" not in qps or q.empty:
         return None
     last = q.sort_values("t_ns").groupby("intf").tail(1)  # the counters are cumulative
-    if int(last.drops.sum()) or ("tbf_drops" in last and int(last.tbf_drops.sum())):
-        return None  # a dropped packet also arrives "out of order": nothing to tell apart
+    if int(last.drops.sum()) or any(c in last and int(last[c].fillna(0).sum()) for c in ("tbf_drops", "trimmed")):
+        return None  # after a dropped (or trimmed) packet the next ones arrive "out of order": nothing to tell apart
     if ((r.plan.get("training") or {}).get("transport") or {}).get("load_balancing", "flow") != "flow":
         return None  # spraying and flowlets send a QP's packets over several paths: they reorder
     n = int(qps.out_of_order_received.fillna(0).sum())

@@ -143,8 +143,11 @@ def _drops(r) -> dict:
         return {}
     last = last_poll(r.queues)
     drops, packets = int(last.drops.sum()), int(last.packets.sum())
-    return {"packets": drops, "offered_packets": packets, "ppm": drops / packets * 1e6 if packets else 0.0,
-            "per_port": {row.intf: int(row.drops) for row in last.itertuples() if row.drops}}
+    out = {"packets": drops, "offered_packets": packets, "ppm": drops / packets * 1e6 if packets else 0.0,
+           "per_port": {row.intf: int(row.drops) for row in last.itertuples() if row.drops}}
+    if "trimmed" in last:  # cut to their headers where the data class would have dropped them
+        out["trimmed_packets"] = int(last.trimmed.fillna(0).sum())
+    return out
 
 
 def _pfc(r) -> dict:

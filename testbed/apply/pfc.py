@@ -156,7 +156,7 @@ class Pfcd:
         raw = self.cfg_map.lookup(port.ifindex)
         if raw is not None:  # flip only "paused" (the run wrote the rest)
             fields = list(struct.unpack(bpfmaps.CFG_FORMAT, raw))
-            fields[-1] = int(paused)
+            fields[bpfmaps.CFG_PAUSED] = int(paused)
             self.cfg_map.update(port.ifindex, struct.pack(bpfmaps.CFG_FORMAT, *fields))
         if paused:
             port.paused_since_ns = now

@@ -94,6 +94,7 @@ class Queues:
     buffer_bytes: int | None
     ecn: Ecn | None
     pfc: Pfc | None
+    trim: bool = False  # where the data class would drop, cut the packet to its headers instead
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,10 @@ def _off(value) -> bool:
 
 
 def _validate_queues(c: Checker, doc, path: tuple) -> Queues | None:
-    doc = c.mapping(doc, path, ("buffer", "ecn", "pfc"))
+    doc = c.mapping(doc, path, ("buffer", "ecn", "pfc", "trim"))
+    trim = doc.get("trim", "off")
+    if trim not in (True, False, "on", "off"):
+        c.problem(path + ("trim",), f"expected on or off, got {_show(trim)}")
     buffer = c.unit(doc, "buffer", path, units.parse_size_bytes, required=False)
     ecn = pfc = None
     raw_ecn = doc.get("ecn", {})
@@ -339,4 +343,4 @@ def _validate_queues(c: Checker, doc, path: tuple) -> Queues | None:
             c.problem(here + ("xoff",), f"xoff + headroom ({units.format_size(xoff + (headroom or 0))}) must fit "
                                         f"in the buffer ({units.format_size(buffer)})")
         pfc = Pfc(xoff_bytes=xoff, xon_bytes=xon, headroom_bytes=headroom)
-    return Queues(buffer_bytes=buffer, ecn=ecn, pfc=pfc)
+    return Queues(buffer_bytes=buffer, ecn=ecn, pfc=pfc, trim=trim in (True, "on"))

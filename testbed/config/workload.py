@@ -55,6 +55,7 @@ class Workload:
     load_balancing: str = "flow"  # flow | spray | flowlet: how a QP chooses its UDP source port
     spray_packets: int = 1  # spray: a new source port every this many packets
     flowlet_gap_ns: int = 10_000  # flowlet: a new source port after an idle gap this long (real time)
+    kind: str = "roce"  # roce (RC, go-back-N, DCQCN) | uet (reliable unordered, SACK, NSCC)
 
     @property
     def compute_ns(self) -> int:
@@ -190,7 +191,8 @@ def _transport(c, doc, path: tuple) -> tuple:
     return mtu, dcqcn, dcqcn_params, _balance(c, tr, tr_path)
 
 
-BALANCE_KEYS = ("qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap")
+BALANCE_KEYS = ("kind", "qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap")
+TRANSPORTS = ("roce", "uet")
 LOAD_BALANCING = ("flow", "spray", "flowlet")
 MAX_QPS_PER_CONNECTION = 8  # the QP number has 3 bits for it (wire.roce.qpn)
 
@@ -200,6 +202,7 @@ def _balance(c, tr: dict, path: tuple) -> dict:
     NCCL_IB_QPS_PER_CONNECTION, each QP its own UDP source port) and ``load_balancing``
     (flow: one source port per QP; spray: a new one every ``spray_packets`` packets;
     flowlet: a new one after an idle gap of ``flowlet_gap``, real time)."""
+    kind = c.choice(tr, "kind", path, TRANSPORTS, "roce")
     qps = c.integer(tr, "qps_per_connection", path, default=1, minimum=1, maximum=MAX_QPS_PER_CONNECTION)
     mode = c.choice(tr, "load_balancing", path, LOAD_BALANCING, "flow")
     spray = c.integer(tr, "spray_packets", path, default=1, minimum=1, maximum=1_000_000)
@@ -209,7 +212,7 @@ def _balance(c, tr: dict, path: tuple) -> dict:
     for key, needs in (("spray_packets", "spray"), ("flowlet_gap", "flowlet")):
         if key in tr and mode is not None and mode != needs:
             c.problem(path + (key,), f"only used with load_balancing: {needs} (this one is {mode})")
-    return {"qps_per_connection": qps or 1, "load_balancing": mode or "flow", "spray_packets": spray or 1,
+    return {"kind": kind or "roce", "qps_per_connection": qps or 1, "load_balancing": mode or "flow", "spray_packets": spray or 1,
             "flowlet_gap_ns": gap or 10_000}
 
 

@@ -90,11 +90,11 @@ def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None, pf
     rec = {"t_ns": now_ns, "switch": pq["switch"], "port": pq["port"], "intf": pq["intf"]}
     if state is None:
         rec.update({k: 0 for k in ("depth_bytes", "max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
-                                   "control_packets")})
+                                   "control_packets", "trimmed")})
     else:
         rec["depth_bytes"] = int(bpfmaps.shadow_depth_now(state, pq["emulated_rate_bps"], now_ns))
         rec.update({k: state[k] for k in ("max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",
-                                          "control_packets")})
+                                          "control_packets", "trimmed")})
     if tbf is not None:
         rec.update(tbf_backlog_bytes=tbf.get("backlog_bytes", 0), tbf_sent_bytes=tbf.get("sent_bytes", 0),
                    tbf_drops=tbf.get("drops", 0))

@@ -60,6 +60,7 @@ class PortQueue:
     delay_ns: int  # the link's propagation delay, real
     emulated_delay_ns: float  # x dilation: what netem holds each packet, where the kernel has netem
     feeders: tuple = ()  # interfaces of this switch whose upstream neighbours its PFC pauses
+    trim: bool = False  # the data class trims (cuts to headers, control class) instead of dropping
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,4 +93,5 @@ def port_queue(q, switch: str, port: int, peer: str, rate_bps: int, delay_ns: in
         pfc=pfc, xoff_bytes=xoff if pfc else 0, xon_bytes=xon if pfc else 0,
         headroom_bytes=headroom if pfc else 0, headroom_formula_bytes=formula,
         burst_bytes=BURST_MTUS * mtu_bytes, fifo_limit_bytes=buffer + FIFO_SLACK_MTUS * mtu_bytes,
-        delay_ns=delay_ns, emulated_delay_ns=dilation.duration_ns(delay_ns), feeders=feeders if pfc else ())
+        delay_ns=delay_ns, emulated_delay_ns=dilation.duration_ns(delay_ns), feeders=feeders if pfc else (),
+        trim=q.trim)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 
 from testbed.model import schedule
+from testbed.wire import roce
 
 RTO_REAL_NS = 128_000  # RoCE retransmission timeout in real time (x dilation in the emulation)
 
@@ -54,7 +55,10 @@ def plan_training(plan, workload, table) -> TrainingPlan:
                  "dcqcn_params": dict(workload.dcqcn_params), "rto_ns": RTO_REAL_NS,
                  "fabric_line_bps": link_bps, "nvlink_line_bps": nvlink_bps,
                  "qps_per_connection": workload.qps_per_connection, "load_balancing": workload.load_balancing,
-                 "spray_packets": workload.spray_packets, "flowlet_gap_ns": workload.flowlet_gap_ns}
+                 "spray_packets": workload.spray_packets, "flowlet_gap_ns": workload.flowlet_gap_ns,
+                 "kind": workload.kind, "trim": plan.scenario.queues.trim,
+                 "base_rtt_ns": base_rtt_ns(plan, workload.mtu_bytes),
+                 "store_and_forward_ns": store_and_forward_ns(plan, workload.mtu_bytes)}
     return TrainingPlan(collectives=tuple(collectives), ideal=ideal(workload, collectives, link_bps, latency_ns),
                         ranks=ranks, transport=transport, iterations=workload.iterations,
                         expand=partial(_expand, build))
@@ -82,6 +86,30 @@ def ideal(workload, collectives, link_bps: float, latency_ns: float) -> dict:
     return {"link_bps": link_bps, "step_latency_ns": latency_ns, "compute_ns": compute,
             "tensor_parallel_ns": sum(tp), "data_parallel_ns": sum(dp),
             "iteration_ns": compute + sum(tp) + sum(dp)}
+
+
+def store_and_forward_ns(plan, mtu_bytes: int) -> float:
+    """An MTU packet's serialisation at every hop of the fabric's longest path, and its SACK's
+    on the way back: what a real fabric's round trip holds and the emulated one lacks (a
+    token-bucket shaper sets a port's rate, not the store-and-forward latency of a packet)."""
+    links = plan.fabric_links
+    hops = 4 if any(link.kind == "uplink" for link in links) else 2  # GPU, leaf, (spine, leaf), GPU
+    rate = min(link.rate_bps for link in links)
+    return hops * (roce.wire_bytes(mtu_bytes) + roce.HEADER_BYTES + roce.SACK.size) * 8 / rate * 1e9
+
+
+def base_rtt_ns(plan, mtu_bytes: int) -> float:
+    """UET's config_base_rtt (3.6.13.3): the round trip of an MTU packet over the fabric's
+    longest path with no other traffic: serialisation at every hop both ways (the data
+    packet out, a SACK back) plus, where cable delay is emulated, propagation."""
+    links = plan.fabric_links
+    spines = any(link.kind == "uplink" for link in links)
+    serialise = store_and_forward_ns(plan, mtu_bytes)
+    if not plan.link_delay:
+        return serialise
+    delay = {kind: max((link.delay_ns for link in links if link.kind == kind), default=0) for kind in ("host", "uplink")}
+    one_way = 2 * delay["host"] + (2 * delay["uplink"] if spines else 0)
+    return serialise + 2 * one_way
 
 
 def max_ring_propagation_ns(plan, order: list, table) -> int:

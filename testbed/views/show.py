@@ -121,6 +121,9 @@ def _workload(plan, wl) -> list:
     how = {"flow": "one UDP source port per QP (ECMP pins each QP to a path)",
            "spray": "a new UDP source port every " + (f"{wl.spray_packets} packets" if wl.spray_packets > 1 else "packet"),
            "flowlet": f"a new UDP source port after {format_duration(wl.flowlet_gap_ns)} idle"}[wl.load_balancing]
+    out.append("  transport " + ("uet: reliable unordered, SACK, selective retransmission, NSCC window (Ultra "
+                                 "Ethernet 1.0 model)" if wl.kind == "uet" else "roce: RC, go-back-N, DCQCN")
+               + ("; switches trim instead of dropping" if plan.scenario.queues.trim else ""))
     out.append(f"  load balancing {wl.load_balancing}: {wl.qps_per_connection} QP"
                f"{'s' if wl.qps_per_connection > 1 else ''} per connection, {how}")
     if wl.pipeline > 1:

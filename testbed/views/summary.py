@@ -35,6 +35,9 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
     d = s.get("drops", {})
     if d:
         rows.append(("Drops", f"{d['packets']} ({d['ppm']:.1f} ppm)", f"of {d['offered_packets']} packets"))
+        if d.get("trimmed_packets"):
+            rows.append(("Trimmed packets (cut to headers, NACKed)", f"{d['trimmed_packets']}",
+                         f"{s.get('transport', {}).get('nacks_sent', 0)} NACKs sent by receivers"))
     p = s.get("pfc", {})
     if p.get("enabled"):
         rows.append(("PFC pause frames (XOFF)", f"{p['pause_frames']} ({p['xoff_frames']})",

@@ -9,10 +9,11 @@ import struct
 ECN_OFF = 2 ** 64 - 1
 PMAX_ONE = 2 ** 32
 
-# bpf/marker.c: struct cfg (7 x u64) and struct state (12 x u64 + spin lock, padded)
-CFG_FORMAT = "=7Q"
+# bpf/marker.c: struct cfg (8 x u64) and struct state (13 x u64 + spin lock, padded)
+CFG_FORMAT = "=8Q"
 CFG_SIZE = struct.calcsize(CFG_FORMAT)
-STATE_FORMAT = "=12Q8x"
+CFG_PAUSED = 6  # index of "paused" in struct cfg (the PFC process flips it)
+STATE_FORMAT = "=13Q8x"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
 # struct pfc_counters (testbed_pfc, written by testbed.apply.pfc, read by the collector)
 PFC_FORMAT = "=6Q"
@@ -20,7 +21,7 @@ PFC_SIZE = struct.calcsize(PFC_FORMAT)
 PFC_FIELDS = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "paused_since_ns",
               "headroom_high_water_bytes")
 STATE_FIELDS = ("depth_bytes", "tokens_bytes", "last_ns", "packets", "bytes", "ect", "marked", "drops",
-                "max_depth_bytes", "epoch", "prev_max_depth_bytes", "control_packets")
+                "max_depth_bytes", "epoch", "prev_max_depth_bytes", "control_packets", "trimmed")
 
 
 def marker_cfg(pq, paused: bool = False) -> bytes:
@@ -31,7 +32,7 @@ def marker_cfg(pq, paused: bool = False) -> bytes:
         kmin = kmax = ECN_OFF
         pmax = 0
     return struct.pack(CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes, pq.buffer_bytes, kmin, kmax, pmax,
-                       int(paused))
+                       int(paused), int(pq.trim))
 
 
 def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> float:

@@ -15,6 +15,17 @@ Wire choices (the usual RoCE deployment):
   the acknowledgements that would drain it;
 - CNP: BTH opcode 0x81 + 16 reserved bytes, DSCP 48 (NVIDIA's ``cnp_dscp`` default),
   not ECN-capable, so it is never marked and belongs to the control class.
+
+The UET transport (``agent.uet``) rides in the same framing (UDP 4791, BTH and its PSN), so
+the switches, the marker and tshark treat its packets as RoCE; it is not the Ultra Ethernet
+wire format (PDS header on UDP 4793). Its acknowledgements use two opcodes of the
+manufacturer-specific range, in the control class:
+- SACK (0xC0): BTH PSN = the PSN that triggered it; body ``SACK``: cumulative PSN (every
+  PSN below it arrived), 64-bit bitmap of the PSNs from cumulative + 1, Rcvd_Bytes
+  (UET 3.6.13.9: new data bytes in 256-byte units, 32 bits), flags (bit 0: M, ECN-CE seen);
+- NACK (0xC1): BTH PSN = the PSN of a trimmed packet; body: reason (1 = trimmed), 3 pad.
+A trimmed data packet (the switch cut it to its headers, ``queues.trim``) arrives with
+DSCP ``DSCP_TRIMMED`` and no payload.
 """
 
 from __future__ import annotations
@@ -36,6 +47,13 @@ OP_SEND_LAST = 0x02
 OP_SEND_ONLY = 0x04
 OP_ACK = 0x11
 OP_CNP = 0x81
+OP_UET_SACK = 0xC0
+OP_UET_NACK = 0xC1
+DSCP_TRIMMED = 46  # a switch-trimmed data packet (control class, bpf/marker.c)
+NACK_TRIMMED = 1
+SACK = struct.Struct("!IQIB3x")  # cumulative PSN, bitmap, Rcvd_Bytes (256 B units), flags
+SACK_BITS = 64
+SACK_FLAG_M = 1
 AETH_ACK = 0x1F  # ACK, credit count "invalid" (no end-to-end credits)
 AETH_NAK_SEQ = 0x60  # NAK: PSN sequence error (the requester goes back N)
 PSN_MASK = 0xFFFFFF
@@ -165,6 +183,7 @@ class Parsed:
     payload_len: int
     syndrome: int = 0  # AETH, ACK/NAK only
     msn: int = 0
+    body: bytes = b""  # UET SACK / NACK body
 
 
 _BTH = struct.Struct("!BBHII")
@@ -183,4 +202,6 @@ def parse(datagram: bytes) -> Parsed | None:
             return None
         aeth = struct.unpack_from("!I", datagram, BTH_LEN)[0]
         return Parsed(opcode, dqpn, psn, ackreq, 0, syndrome=aeth >> 24, msn=aeth & PSN_MASK)
+    if opcode in (OP_UET_SACK, OP_UET_NACK):
+        return Parsed(opcode, dqpn, psn, ackreq, 0, body=bytes(datagram[BTH_LEN:len(datagram) - ICRC_LEN]))
     return Parsed(opcode, dqpn, psn, ackreq, len(datagram) - BTH_LEN - ICRC_LEN)

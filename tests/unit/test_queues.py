@@ -50,12 +50,15 @@ def test_scenario_values_win_and_off_switches():
 def test_marker_cfg_layout_matches_bpf_struct():
     (pq,) = [q for q in ports() if q.intf == "leaf1-eth1"]
     raw = bpfmaps.marker_cfg(pq)
-    assert len(raw) == 56 == bpfmaps.CFG_SIZE
-    assert struct.unpack("=7Q", raw) == (8_000_000, 3 * 4214, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 0)
-    assert struct.unpack("=7Q", bpfmaps.marker_cfg(pq, paused=True))[6] == 1
-    assert bpfmaps.STATE_SIZE == 104  # 12 counters + the spin lock, padded (bpftool: value 104B)
-    state = bpfmaps.marker_state(struct.pack("=12Q8x", *range(12)))
+    assert len(raw) == 64 == bpfmaps.CFG_SIZE
+    assert struct.unpack("=8Q", raw) == (8_000_000, 3 * 4214, 4_000_000, 100_000, 400_000, round(0.2 * 2 ** 32), 0, 0)
+    assert struct.unpack("=8Q", bpfmaps.marker_cfg(pq, paused=True))[bpfmaps.CFG_PAUSED] == 1
+    (trimming,) = [q for q in ports("default", "queues.trim=on") if q.intf == "leaf1-eth1"]
+    assert struct.unpack("=8Q", bpfmaps.marker_cfg(trimming))[7] == 1
+    assert bpfmaps.STATE_SIZE == 112  # 13 counters + the spin lock, padded (bpftool: value 112B)
+    state = bpfmaps.marker_state(struct.pack("=13Q8x", *range(13)))
     assert state["marked"] == 6 and state["prev_max_depth_bytes"] == 10 and state["control_packets"] == 11
+    assert state["trimmed"] == 12
 
 
 @pytest.mark.parametrize("rate,delay_ns,want", [(400e9, 15, 8428 + 51_500), (100e9, 500, 8428 + 25_000)])

@@ -37,7 +37,7 @@ def test_ecn_records_one_per_counting_flow():
 def test_queue_record_drains_the_shadow_to_now_and_keeps_the_interval_max():
     pq = {"switch": "leaf1", "port": 2, "intf": "leaf1-eth2", "emulated_rate_bps": 8e6}  # 1 byte per us
     state = {"depth_bytes": 5000, "last_ns": 1_000_000, "max_depth_bytes": 9000, "packets": 4, "bytes": 6000,
-             "ect": 4, "marked": 1, "drops": 0, "control_packets": 2}
+             "ect": 4, "marked": 1, "drops": 0, "control_packets": 2, "trimmed": 0}
     rec = telemetry.queue_record(3_000_000, pq, state, {"backlog_bytes": 3100, "sent_bytes": 99, "drops": 0})
     assert rec["depth_bytes"] == 3000 and rec["max_depth_bytes"] == 9000 and rec["tbf_backlog_bytes"] == 3100
     assert rec["marked"] == 1 and rec["tbf_sent_bytes"] == 99
