@@ -69,8 +69,8 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
     m = s.get("ecmp", {})
     if m.get("imbalance") is not None:
         qps = m.get("qps_per_connection", 1)
-        rows.append(("Uplink load MMR (max / mean bytes)", f"{m['imbalance']:.2f}",
-                     f"1.00 = even; {len(m['per_leaf'])} leaves x {len(next(iter(m['per_leaf'].values()))['bytes'])}"
+        rows.append(("ECMP imbalance (max / mean uplink bytes)", f"{m['imbalance']:.2f}",
+                     f"the MMR; 1.00 = even; {len(m['per_leaf'])} leaves x {len(next(iter(m['per_leaf'].values()))['bytes'])}"
                      f" uplinks; {m.get('load_balancing', 'flow')}, {qps} QP{'' if qps == 1 else 's'} per connection"))
         if m.get("jain_min") is not None:
             rows.append(("Jain fairness of uplink loads (worst leaf)", f"{m['jain_min']:.3f}", "1.000 = equal loads"))
