@@ -130,5 +130,7 @@ grep -E '^ *(PASS|FAIL) ' "$work/lab.log" | sed 's/^ */[lab-vm] lab '"$lab"': /'
 step pytest vagrant ssh -c "cd /vagrant && sudo TESTBED_EXPECT_DATAPATH=kernel TESTBED_TIMING_SLACK=4 \
     python -m pytest -p no:cacheprovider $(printf '%q ' "$@")" || true
 tail -3 "$work/pytest.log"
+# a crash (faulthandler's dump) starts with its signal; the tail above shows only its end
+grep -m1 -A12 '^Fatal Python error' "$work/pytest.log" | sed 's/^/[lab-vm] pytest crashed: /' >&2 || true
 [ ${#failed[@]} = 0 ] || fail "${failed[*]}"
 say "every step passed"
