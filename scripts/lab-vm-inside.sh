@@ -73,6 +73,9 @@ step() {  # step NAME COMMAND...: run, log to build/lab-vm/NAME.log, say how lon
     say "$name: $*"
     if ! "$@" >"$work/$name.log" 2>&1; then
         tail -40 "$work/$name.log" >&2
+        # a crashed Python prints its faulthandler dump's head (signal, innermost frames)
+        # above the 40-line tail; show it too
+        grep -m1 -A12 '^Fatal Python error' "$work/$name.log" | sed "s/^/[lab-vm] $name crashed: /" >&2 || true
         say "FAILED: $name (after $((SECONDS - t0)) s; log: $work/$name.log)"
         failed+=("$name")
         return 1
@@ -130,7 +133,5 @@ grep -E '^ *(PASS|FAIL) ' "$work/lab.log" | sed 's/^ */[lab-vm] lab '"$lab"': /'
 step pytest vagrant ssh -c "cd /vagrant && sudo TESTBED_EXPECT_DATAPATH=kernel TESTBED_TIMING_SLACK=4 \
     python -m pytest -p no:cacheprovider $(printf '%q ' "$@")" || true
 tail -3 "$work/pytest.log"
-# a crash (faulthandler's dump) starts with its signal; the tail above shows only its end
-grep -m1 -A12 '^Fatal Python error' "$work/pytest.log" | sed 's/^/[lab-vm] pytest crashed: /' >&2 || true
 [ ${#failed[@]} = 0 ] || fail "${failed[*]}"
 say "every step passed"

@@ -27,6 +27,21 @@ if [ "$(id -u)" != 0 ]; then
     echo "lab-vm.sh: run as root" >&2
     exit 1
 fi
+# The VM mounts this checkout at /vagrant over 9p, where the VM's unprivileged vagrant user
+# gets the host's permission bits: a checkout others cannot read and enter (a `mktemp -d`
+# folder is 0700) fails every VM step later with "cd: /vagrant: Permission denied".
+if ! setpriv --reuid=nobody --regid=nogroup --clear-groups test -r "$repo" -a -x "$repo"; then
+    blocked=$repo
+    d=$repo
+    while [ "$d" != / ]; do
+        setpriv --reuid=nobody --regid=nogroup --clear-groups test -x "$d" || blocked=$d
+        d=$(dirname "$d")
+    done
+    echo "lab-vm.sh: $repo must be readable and searchable by other users: the VM's vagrant user" \
+        "reads it over 9p; $blocked is mode $(stat -c %a "$blocked") (try: chmod o+rx $blocked)" >&2
+    exit 1
+fi
+
 host_packages=(vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base iptables qemu-system-x86 qemu-utils)
 missing=()
 for p in "${host_packages[@]}"; do
