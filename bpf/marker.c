@@ -33,8 +33,22 @@
  *   testbed_epoch one u64, written by the collector only
  *   testbed_pfc   per ifindex: PFC counters, written by the PFC process only and read by
  *                 the collector (not used by this program: pinned with it for the run)
+ *   testbed_steer (adaptive routing only) per (hop, source, destination /24): the next
+ *                 switch's candidate egress ports, written by the run, and decision counters
  * "Max depth since the last read": the collector bumps the epoch, then reads; the first
  * packet of a new epoch moves the finished epoch's maximum to prev_max_depth_bytes.
+ *
+ * Adaptive routing (fabric.routing: adaptive), decided one hop before the switch that
+ * forwards: OVS's userspace datapath reads a port through a packet socket before tc
+ * ingress runs, so no program at the switch's ingress can steer it. Instead, the hop
+ * that sends a data packet into a switch with several shortest-path ports toward its
+ * destination (the GPU NIC, program "steer" on its egress; a switch port, this marker
+ * after its queue decision) looks up those candidate ports in testbed_steer, reads each
+ * one's shadow queue drained to now, and pushes an 802.1Q tag whose VID is the OpenFlow
+ * port of the least occupied one (ties: the flow-hash choice, so an idle fabric routes as
+ * ECMP does). The switch's flow for that VID pops the tag and outputs there. This is the
+ * per-packet, queue-occupancy-driven egress choice of adaptive routing (NVIDIA Spectrum
+ * "adaptive routing": the least loaded eligible port per packet), one veth hop early.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -54,6 +68,8 @@
 /* skb->queue_mapping written by tc BPF is the TX queue + 1 (0 lets the kernel pick) */
 #define QUEUE_DATA 1
 #define QUEUE_CONTROL 2
+#define MAX_CHOICES 16 /* candidate ports per decision (the scenario checker enforces it) */
+#define ETH_P_8021Q_ 0x8100
 
 struct cfg {
 	__u64 rate_bps;      /* emulated port rate (bits per second) */
@@ -120,6 +136,29 @@ struct {
 	__type(value, struct pfc_counters);
 } testbed_pfc SEC(".maps");
 
+struct steer_key {
+	__u32 hop;      /* ifindex of the switch port the packet leaves by; 0 for a GPU NIC */
+	__u32 src;      /* GPU NIC: its IPv4 source address (network order); else 0 */
+	__u32 dst_net;  /* destination /24 (network order) */
+};
+
+struct steer_choice {
+	__u32 n;                       /* candidates */
+	__u32 pad;
+	__u32 ifindex[MAX_CHOICES];    /* the next switch's egress ports (keys of testbed_state) */
+	__u32 port[MAX_CHOICES];       /* their OpenFlow port numbers: the VID pushed */
+	__u64 decisions;               /* packets tagged */
+	__u64 moved;                   /* ... to a port other than the flow-hash choice */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct steer_key);
+	__type(value, struct steer_choice);
+} testbed_steer SEC(".maps");
+
 static __always_inline void drain(struct state *s, const struct cfg *c, __u64 now)
 {
 	__u64 elapsed, credit, bytes_per_s = c->rate_bps / 8;
@@ -174,6 +213,97 @@ static __always_inline int trim_packet(struct __sk_buff *skb, __u8 tos)
 	return TC_ACT_OK;
 }
 
+/* A port's shadow backlog drained to 'now' (read without its lock: a decision can use a
+ * value one packet old). Credit in microseconds keeps the product in 64 bits. */
+static __always_inline __u64 depth_now(__u32 ifindex, __u64 now)
+{
+	struct state *s = bpf_map_lookup_elem(&testbed_state, &ifindex);
+	struct cfg *c = bpf_map_lookup_elem(&testbed_cfg, &ifindex);
+	__u64 depth, last, elapsed_us, credit;
+
+	if (!s || !c)
+		return 0;
+	depth = s->depth_bytes;
+	last = s->last_ns;
+	if (c->paused || now <= last || depth == 0)
+		return depth;
+	elapsed_us = (now - last) / 1000;
+	if (elapsed_us > 1000000)
+		return 0;
+	credit = elapsed_us * (c->rate_bps / 8) / 1000000;
+	return credit >= depth ? 0 : depth - credit;
+}
+
+/* Adaptive routing: tag the packet with the least occupied candidate port of the next
+ * switch (see the header). 'dst' is the IPv4 destination in network order. */
+static __always_inline void steer(struct __sk_buff *skb, __u32 hop, __u32 src, __u32 dst)
+{
+	struct steer_key k = {.hop = hop, .src = src, .dst_net = dst & bpf_htonl(0xffffff00)};
+	struct steer_choice *v = bpf_map_lookup_elem(&testbed_steer, &k);
+	__u64 now, best = ~0ULL, d;
+	__u32 n, start, i, j, port = 0, first = 0;
+
+	if (!v)
+		return;
+	n = v->n;
+	if (n == 0 || n > MAX_CHOICES)
+		return;
+	start = bpf_get_hash_recalc(skb) % n;
+	now = bpf_ktime_get_ns();
+	for (i = 0; i < MAX_CHOICES; i++) {
+		if (i >= n)
+			break;
+		j = start + i;
+		if (j >= n)
+			j -= n;
+		if (j >= MAX_CHOICES)
+			break;
+		d = depth_now(v->ifindex[j], now);
+		if (i == 0)
+			first = v->port[j];
+		if (d < best) {
+			best = d;
+			port = v->port[j];
+		}
+	}
+	if (port == 0 || bpf_skb_vlan_push(skb, bpf_htons(ETH_P_8021Q_), (__u16)port) != 0)
+		return;
+	__sync_fetch_and_add(&v->decisions, 1);
+	if (port != first)
+		__sync_fetch_and_add(&v->moved, 1);
+}
+
+/* IPv4 source and destination of a data packet (not the control class); 0 if none. */
+static __always_inline int data_addrs(struct __sk_buff *skb, __u32 *src, __u32 *dst)
+{
+	__u16 proto = 0;
+	__u8 vihl_tos[2] = {0, 0};
+	__u32 addrs[2];
+
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, 2) != 0 || proto != bpf_htons(ETH_P_IP))
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, vihl_tos, 2) != 0 || (vihl_tos[0] >> 4) != 4)
+		return 0;
+	if ((vihl_tos[1] >> 2) == DSCP_CONTROL || (vihl_tos[1] >> 2) == DSCP_TRIMMED)
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), addrs, 8) != 0)
+		return 0;
+	*src = addrs[0];
+	*dst = addrs[1];
+	return 1;
+}
+
+/* The GPU NIC's egress (adaptive routing only): the leaf's choice, made on the way in. */
+SEC("tc")
+int steer_nic(struct __sk_buff *skb)
+{
+	__u32 src = 0, dst = 0;
+
+	if (data_addrs(skb, &src, &dst))
+		steer(skb, 0, src, dst);
+	return TC_ACT_OK;
+}
+
 SEC("tc")
 int marker(struct __sk_buff *skb)
 {
@@ -185,7 +315,7 @@ int marker(struct __sk_buff *skb)
 	__u8 vihl_tos[2] = {0, 0}; /* IPv4 version/IHL byte and TOS */
 	__u8 ip_proto = 0;
 	__u64 len = skb->len, depth, span, now, epoch, rate, burst, buffer, kmin, kmax, pmax, trim;
-	__u32 draw;
+	__u32 draw, dst = 0;
 	int is_ip = 0, is_ect = 0, is_control = 0, verdict = 0; /* 0 pass, 1 mark, 2 drop, 3 trim */
 
 	if (!c)
@@ -297,7 +427,7 @@ int marker(struct __sk_buff *skb)
 		/* set CE and fix the IP checksum (the helpers work on non-linear frames too) */
 		tos = vihl_tos[1];
 		if ((tos & ECN_MASK) == ECN_CE)
-			return TC_ACT_OK;
+			goto out;
 		ce = tos | ECN_CE;
 		/* the 16-bit word holding version/ihl and tos */
 		old = bpf_htons(((__u16)vihl_tos[0] << 8) | tos);
@@ -305,6 +435,10 @@ int marker(struct __sk_buff *skb)
 		bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old, new, 2);
 		bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tos), &ce, 1, 0);
 	}
+out:
+	/* adaptive routing: the next switch's choice (no entry in testbed_steer: ECMP) */
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, daddr), &dst, 4) == 0)
+		steer(skb, ifindex, 0, dst);
 	return TC_ACT_OK;
 }
 

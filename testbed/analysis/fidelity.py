@@ -13,7 +13,7 @@ emulation kept up with the time dilation it was given:
   saturated (p95 of its CPU use in cores);
 - ``telemetry``: the collector missed no poll;
 - ``reordering``: in a run where no queue dropped a packet and each QP keeps one path
-  (``load_balancing: flow``), no packet of a flow arrived out of order (flow-hashed
+  (``load_balancing: flow``, ECMP routing), no packet of a flow arrived out of order (flow-hashed
   ECMP keeps a flow on one path, so only the emulation can
   reorder it: a busy host delivering one flow through two CPUs' backlogs); each such
   arrival costs a go-back-N retransmission a real fabric would not have;
@@ -156,6 +156,8 @@ def reordering(r) -> dict | None:
         return None  # after a dropped (or trimmed) packet the next ones arrive "out of order": nothing to tell apart
     if ((r.plan.get("training") or {}).get("transport") or {}).get("load_balancing", "flow") != "flow":
         return None  # spraying and flowlets send a QP's packets over several paths: they reorder
+    if r.plan.get("routing", "ecmp") == "adaptive":
+        return None  # so does adaptive routing: each packet takes the least occupied port
     n = int(qps.out_of_order_received.fillna(0).sum())
     lost = int(r.nics.udp_receive_errors.fillna(0).sum()) if "udp_receive_errors" in r.nics else 0
     cause = (f"the GPUs' receive sockets dropped {lost} packets (an agent did not read in time)" if lost else

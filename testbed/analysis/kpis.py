@@ -225,9 +225,17 @@ def _ecmp(r) -> dict:
     vals = [v["imbalance"] for v in per_leaf.values() if v["imbalance"] is not None]
     jains = [v["jain"] for v in per_leaf.values() if v["jain"] is not None]
     t = (r.plan.get("training") or {}).get("transport", {})
-    return {"per_leaf": per_leaf, "imbalance": max(vals) if vals else None,
-            "jain_min": min(jains) if jains else None, "load_balancing": t.get("load_balancing", "flow"),
-            "qps_per_connection": t.get("qps_per_connection", 1)}
+    out = {"per_leaf": per_leaf, "imbalance": max(vals) if vals else None,
+           "jain_min": min(jains) if jains else None, "load_balancing": t.get("load_balancing", "flow"),
+           "qps_per_connection": t.get("qps_per_connection", 1), "routing": r.plan.get("routing", "ecmp")}
+    adaptive = r.manifest.get("routing") or {}
+    if adaptive.get("decisions") is not None:
+        # data packets the hops tagged with a chosen port (a packet crossing the spines is
+        # decided twice: by its NIC for the leaf, by the leaf's uplink for the spine), and
+        # the share sent elsewhere than the flow hash would have
+        out["adaptive_decisions"] = adaptive["decisions"]
+        out["adaptive_moved_ratio"] = adaptive["moved"] / adaptive["decisions"] if adaptive["decisions"] else 0.0
+    return out
 
 
 def jain(xs) -> float | None:

@@ -305,6 +305,10 @@ def compare_rows(summaries: list[dict]) -> tuple[list[str], list[list[str]]]:
     for s in summaries:
         rows = {"scenario": s["run"].get("scenario", ""), "dilation": f"{s['run'].get('dilation')}",
                 "fidelity": s.get("fidelity", {}).get("verdict", "")}
+        m = s.get("ecmp") or {}
+        if m:
+            rows["routing, load balancing"] = (f"{m.get('routing', 'ecmp')}, {m.get('load_balancing', 'flow')}, "
+                                               f"{m.get('qps_per_connection', 1)} QP/connection")
         rows.update({k: v for k, v, _ in summary_text.kpi_rows(s)})
         per_run.append(rows)
         for k in rows:

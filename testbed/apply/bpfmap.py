@@ -55,7 +55,8 @@ def obj_get(path: str) -> int:
 
 
 class Map:
-    """A pinned hash map with ``u32`` keys and fixed-size values (bytes in, bytes out)."""
+    """A pinned hash map with ``u32`` keys (or a struct key given as bytes) and fixed-size
+    values (bytes in, bytes out)."""
 
     def __init__(self, path: str, value_size: int):
         self.path, self.value_size = path, value_size
@@ -72,13 +73,14 @@ class Map:
     def __exit__(self, *exc):
         self.close()
 
-    def _elem(self, cmd: int, key: int, value: ctypes.Array | None, flags: int = 0) -> int:
-        k = ctypes.create_string_buffer(struct.pack("=I", key), 4)
+    def _elem(self, cmd: int, key: int | bytes, value: ctypes.Array | None, flags: int = 0) -> int:
+        raw = struct.pack("=I", key) if isinstance(key, int) else key
+        k = ctypes.create_string_buffer(raw, len(raw))
         attr = struct.pack("=IIQQQ", self.fd, 0, ctypes.addressof(k),
                            ctypes.addressof(value) if value is not None else 0, flags) + bytes(96)
         return _bpf(cmd, attr)
 
-    def lookup(self, key: int, lock: bool = False) -> bytes | None:
+    def lookup(self, key: int | bytes, lock: bool = False) -> bytes | None:
         v = ctypes.create_string_buffer(self.value_size)
         try:
             self._elem(BPF_MAP_LOOKUP_ELEM, key, v, BPF_F_LOCK if lock else 0)
@@ -88,12 +90,12 @@ class Map:
             raise
         return v.raw
 
-    def update(self, key: int, value: bytes):
+    def update(self, key: int | bytes, value: bytes):
         if len(value) != self.value_size:
             raise ValueError(f"value is {len(value)} bytes, map {self.path} holds {self.value_size}")
         self._elem(BPF_MAP_UPDATE_ELEM, key, ctypes.create_string_buffer(value, len(value)), BPF_ANY)
 
-    def delete(self, key: int) -> bool:
+    def delete(self, key: int | bytes) -> bool:
         try:
             self._elem(BPF_MAP_DELETE_ELEM, key, None)
         except BpfError as exc:

@@ -1,5 +1,5 @@
 """The run's ECN/WRED marker: the compiled ``bpf/marker.c`` loaded once and pinned, with
-its maps, under the run's own bpffs folder ``/sys/fs/bpf/testbed/<run id>/``, and
+its maps and its second program (``steer_nic``, adaptive routing at the GPU NICs), under the run's own bpffs folder ``/sys/fs/bpf/testbed/<run id>/``, and
 removed again at teardown (``clean`` removes the folders of dead runs).
 
 The object is built by the install step (``scripts/install.sh``) into ``build/``.
@@ -53,7 +53,9 @@ class Marker:
         ensure_bpffs()
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
-            subprocess.run(["bpftool", "prog", "load", str(OBJECT), str(self.dir / "marker"), "type", "classifier",
+            # every program of the object (the marker; steer_nic for adaptive routing) and
+            # every map, pinned in the run's folder
+            subprocess.run(["bpftool", "prog", "loadall", str(OBJECT), str(self.dir), "type", "classifier",
                             "pinmaps", str(self.dir)], check=True, capture_output=True, text=True,
                            timeout=CMD_TIMEOUT_S)
             self.prog_fd = bpfmap.obj_get(str(self.dir / "marker"))

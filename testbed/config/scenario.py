@@ -22,6 +22,8 @@ from testbed.errors import ConfigError
 
 KINDS = ("leaf-spine", "top-of-rack", "rail-optimised")
 DATAPATHS = ("auto", "kernel", "user")
+ROUTINGS = ("ecmp", "adaptive")
+MAX_ADAPTIVE_CHOICES = 16  # candidate ports per adaptive decision (MAX_CHOICES in bpf/marker.c)
 # Address plan limits: leaf L, host n -> 10.0.L.n; switch names like spine12-eth130 must fit IFNAMSIZ.
 MAX_LEAVES = 250
 MAX_HOSTS_PER_LEAF = 250
@@ -70,6 +72,9 @@ class Fabric:
     nvlink_rate_bps: int
     # rail-optimised only: GPU k of every server sits on rail leaf k
     servers: int
+    # ecmp: select groups hash the 5-tuple; adaptive: each data packet to the least
+    # occupied shortest-path port (bpf/marker.c, "Adaptive routing")
+    routing: str = "ecmp"
 
 
 @dataclass(frozen=True)
@@ -132,11 +137,11 @@ _SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffi
                   "datapath", "seed", "report")
 _FABRIC_KEYS = {
     "leaf-spine": ("kind", "description", "spines", "leaves", "hosts_per_leaf", "gpus_per_server",
-                   "host_link", "uplinks", "nvlink"),
+                   "host_link", "uplinks", "nvlink", "routing"),
     "top-of-rack": ("kind", "description", "spines", "servers", "gpus_per_server", "servers_per_leaf",
-                    "host_link", "uplinks", "nvlink"),
+                    "host_link", "uplinks", "nvlink", "routing"),
     "rail-optimised": ("kind", "description", "spines", "servers", "gpus_per_server",
-                       "host_link", "uplinks", "nvlink"),
+                       "host_link", "uplinks", "nvlink", "routing"),
 }
 _LINK_KEYS = ("rate", "cable")
 _UPLINK_KEYS = ("count", "rate", "cable")
@@ -244,6 +249,7 @@ def _validate_fabric(c: Checker, doc, path: tuple) -> Fabric | None:
     gpus_per_server = c.integer(doc, "gpus_per_server", path, default=1, minimum=1, maximum=16)
     nvlink = c.mapping(doc.get("nvlink"), path + ("nvlink",), ("rate",))
     nvlink_rate = c.unit(nvlink, "rate", path + ("nvlink",), units.parse_rate_bps, default="3.6T")
+    routing = c.choice(doc, "routing", path, ROUTINGS, "ecmp")
     uplink_doc = doc.get("uplinks")
     leaves: list[LeafSpec] = []
     servers = 0
@@ -295,10 +301,17 @@ def _validate_fabric(c: Checker, doc, path: tuple) -> Fabric | None:
         c.problem(path + ("spines",), f"{len(leaves)} leaves need at least one spine to reach each other")
     if leaves and sum(leaf.hosts for leaf in leaves) > MAX_GPUS:
         c.problem(path, f"{sum(leaf.hosts for leaf in leaves)} GPUs is more than the {MAX_GPUS} supported")
+    if routing == "adaptive" and spines:
+        for i, leaf in enumerate(leaves):
+            if leaf.uplinks.count > MAX_ADAPTIVE_CHOICES:  # a leaf's choice is among all its uplinks
+                c.problem(path + ("routing",), f"adaptive routing chooses among at most {MAX_ADAPTIVE_CHOICES} ports "
+                                               f"per hop; leaf {i + 1} has {leaf.uplinks.count} uplinks")
+                break
     if c.problems or spines is None or host_link is None or gpus_per_server is None or nvlink_rate is None:
         return None
     return Fabric(kind=kind, spines=spines, leaves=tuple(leaves), host_link=host_link,
-                  gpus_per_server=gpus_per_server, nvlink_rate_bps=nvlink_rate, servers=servers)
+                  gpus_per_server=gpus_per_server, nvlink_rate_bps=nvlink_rate, servers=servers,
+                  routing=routing or "ecmp")
 
 
 def _off(value) -> bool:

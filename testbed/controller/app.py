@@ -179,4 +179,6 @@ class TestbedController(app_manager.OSKenApp):
             return parser.OFPActionGroup(action[1])
         if kind == "dec_nw_ttl":
             return parser.OFPActionDecNwTtl()
+        if kind == "pop_vlan":
+            return parser.OFPActionPopVlan()
         raise TypeError(f"unknown action {action!r}")

@@ -15,6 +15,11 @@ Program installed on every switch (OpenFlow 1.3):
   output to the one port, or to a select group over the ECMP ports that hashes the
   5-tuple (``HASH_FIELDS``), so flows differing only in UDP source port spread over
   the uplinks (OVS's default group hash leaves UDP ports out: see ``ofwire``);
+- adaptive routing only (``plan["routing"] == "adaptive"``), table 1, priority
+  ``PRIORITY_STEERED``: per port of a select group, IPv4 tagged with VLAN id = that port
+  -> pop the tag, decrement TTL, output there. The hop before the switch chose the port
+  (the least occupied one, ``bpf/marker.c``) and pushed the tag; untagged packets (the
+  control class, anything without a decision) still take the select group;
 - no table-miss entry: anything else (ARP, IPv6) is dropped; hosts use static
   neighbour entries, so nothing needs flooding and no packet reaches the controller.
 """
@@ -29,6 +34,8 @@ ETH_TYPE_MAC_CONTROL = 0x8808
 PRIORITY_DROP_PAUSE = 1000
 PRIORITY_ROUTE_BASE = 100
 PRIORITY_COUNT = 10
+PRIORITY_STEERED = 200  # above every route (100 + prefix length)
+OFPVID_PRESENT = 0x1000
 COUNT_TABLE, ROUTE_TABLE = 0, 1
 ECN_CODEPOINTS = ("not_ect", "ect1", "ect0", "ce")  # ip_ecn 0..3 (RFC 3168)
 HASH_FIELDS = ("ipv4_src", "ipv4_dst", "ip_proto", "tcp_src", "tcp_dst", "udp_src", "udp_dst")
@@ -71,9 +78,10 @@ class SwitchReady:
     seconds: float  # connect -> barrier reply
 
 
-def switch_program(routes: list[dict], in_ports=()) -> list:
+def switch_program(routes: list[dict], in_ports=(), adaptive: bool = False) -> list:
     """Messages that program one switch from its planned routes
-    (``{"prefix": "10.0.2.0/24", "ports": [9, 10]}``) and its fabric ports (ECN counting)."""
+    (``{"prefix": "10.0.2.0/24", "ports": [9, 10]}``) and its fabric ports (ECN counting);
+    with ``adaptive``, the flows that follow a tagged packet's chosen port."""
     msgs: list = [ClearSwitch()]
     groups: dict[tuple, int] = {}
     for r in routes:
@@ -93,6 +101,11 @@ def switch_program(routes: list[dict], in_ports=()) -> list:
         out = ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0])
         match = (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (str(net.network_address), str(net.netmask))))
         msgs.append(FlowAdd(PRIORITY_ROUTE_BASE + net.prefixlen, match, (("dec_nw_ttl",), out), table=ROUTE_TABLE))
+    if adaptive:
+        for port in sorted({p for ports in groups for p in ports}):
+            match = (("eth_type", ETH_TYPE_IPV4), ("vlan_vid", OFPVID_PRESENT | port))
+            msgs.append(FlowAdd(PRIORITY_STEERED, match, (("pop_vlan",), ("dec_nw_ttl",), ("output", port)),
+                                table=ROUTE_TABLE))
     msgs.append(Barrier())
     return msgs
 
@@ -110,6 +123,7 @@ class FabricController:
         for link in plan.get("links", []):
             for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"])):
                 self.ports.setdefault(node, []).append(port)
+        self.adaptive = plan.get("routing", "ecmp") == "adaptive"
         self.pending: dict[int, tuple[float, int, int]] = {}
         self.ready: set[int] = set()
 
@@ -119,7 +133,7 @@ class FabricController:
         sw = self.switches.get(dpid)
         if sw is None:
             return []
-        msgs = switch_program(self.routes.get(sw["name"], []), self.ports.get(sw["name"], ()))
+        msgs = switch_program(self.routes.get(sw["name"], []), self.ports.get(sw["name"], ()), self.adaptive)
         flows = sum(isinstance(m, FlowAdd) for m in msgs)
         groups = sum(isinstance(m, GroupAdd) for m in msgs)
         self.pending[dpid] = (now, flows, groups)

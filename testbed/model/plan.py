@@ -171,10 +171,22 @@ class Plan:
         return routing.paths(table or self.route_table(), self.fabric_links, self.host(src), self.host(dst),
                              len(self.switches) + 1, limit)
 
+    @property
+    def routing(self) -> str:
+        """ecmp, or adaptive (each data packet to the least occupied shortest-path port)."""
+        return self.scenario.fabric.routing
+
+    def adaptive_choices(self) -> list:
+        """Adaptive routing's decision table (empty under ECMP): ``routes.Steer`` entries."""
+        if self.routing != "adaptive":
+            return []
+        return routing.adaptive_choices(self.hosts, self.links, self.routes)
+
     def to_dict(self) -> dict:
         """JSON-ready plan (handed to the controller, written to the run folder)."""
         return {
             "scenario": self.scenario.name,
+            "routing": self.routing,
             "dilation": self.dilation.factor,
             "switches": [asdict(s) | {"dpid_hex": s.dpid_hex} for s in self.switches],
             "hosts": [asdict(h) for h in self.hosts],

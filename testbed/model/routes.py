@@ -46,6 +46,45 @@ def compute(switches, hosts, links, leaves) -> list[Route]:
     return routes
 
 
+@dataclass(frozen=True)
+class Steer:
+    """Adaptive routing, one decision table entry: a data packet to ``dst_net`` that leaves
+    by ``hop`` (a switch port's interface; None: the NIC of the GPU with address ``src``)
+    enters a switch with several shortest-path ports toward it, ``choices`` ((interface,
+    OpenFlow port), ...); the hop tags it with the least occupied one (bpf/marker.c)."""
+
+    hop: str | None
+    src: str | None
+    dst_net: str
+    choices: tuple
+
+
+def adaptive_choices(hosts, links, routes) -> list[Steer]:
+    """Every place a packet enters a switch that has an ECMP choice to make: the GPU NICs
+    into their leaf, and every fabric port into the switch at its other end. Only /24
+    (per-leaf) routes with several ports are choices; a GPU's /32 has one port."""
+    multi: dict = {}
+    ports = {(r.switch, r.prefix): r.ports for r in routes}
+    for r in routes:
+        if len(r.ports) > 1 and r.prefix.endswith("/24"):
+            multi.setdefault(r.switch, []).append(r)
+    out = []
+
+    def entries(hop, src, switch, sender=None, sender_port=None):
+        for r in multi.get(switch, ()):
+            if sender is not None and sender_port not in ports.get((sender, r.prefix), ()):
+                continue  # the sending switch never routes this prefix over this port
+            out.append(Steer(hop, src, r.prefix, tuple((f"{switch}-eth{p}", p) for p in sorted(r.ports))))
+
+    for h in hosts:
+        entries(None, h.addr, h.leaf)
+    for link in links:
+        if link.kind == "uplink":
+            entries(f"{link.a}-eth{link.a_port}", None, link.b, link.a, link.a_port)
+            entries(f"{link.b}-eth{link.b_port}", None, link.a, link.b, link.b_port)
+    return out
+
+
 class Table:
     """Longest-prefix match over every switch's routes, with the prefixes as integers (a
     plan of a thousand GPUs asks it millions of times)."""

@@ -46,6 +46,7 @@ class Manifest:
     workload: dict | None = None  # {"iterations": N}
     training: dict | None = None  # headline of training.json
     pfc: dict | None = None  # the PFC process's totals
+    routing: dict | None = None  # adaptive routing: {"mode", "decisions", "moved"}
     timings_s: dict = field(default_factory=dict)
 
     def write(self, run_dir: Path):

@@ -107,7 +107,7 @@ class Run:
     def __init__(self, scenario: Scenario, options: RunOptions):
         self.scenario, self.options = scenario, options
         self.timings: dict = {}
-        self.ctl = self.fab = self.egress = self.pfcd = self.record = None
+        self.ctl = self.fab = self.egress = self.pfcd = self.adaptive = self.record = None
 
     # -- 1. plan ---------------------------------------------------------------------------
     def make_plan(self):
@@ -162,6 +162,10 @@ class Run:
 
             self.pfcd = stack.enter_context(PfcDaemon(self.plan_path, self.egress.marker.dir, self.run_dir,
                                                       self.record))
+        if self.plan.routing == "adaptive":
+            from testbed.apply.steering import AdaptiveRouting
+
+            self.adaptive = stack.enter_context(AdaptiveRouting(self.plan, self.egress, self.fab))
         # runs first when the stack unwinds: marks the start of teardown
         stack.callback(lambda: self.timings.__setitem__("teardown_started", time.monotonic()))
         self.timings["fabric_up"] = round(time.monotonic() - self.t_up, 3)
@@ -244,6 +248,10 @@ class Run:
                      p["frames_received"],
                      units.format_duration(self.plan.dilation.real_duration_ns(p["paused_ns"])),
                      len(p["paused_ports"]), units.format_size(p["headroom_high_water_bytes"]), p["drops"])
+        if self.adaptive is not None and self.adaptive.totals is not None:
+            self.manifest.routing = {"mode": "adaptive", **self.adaptive.totals}
+            LOG.info("adaptive routing: %d data packets tagged with a chosen port, %d of them off their flow "
+                     "hash's port", self.adaptive.totals["decisions"], self.adaptive.totals["moved"])
         self.manifest.status, self.manifest.reason, self.manifest.ended_utc = status, reason, now_utc()
         self.manifest.write(self.run_dir)
 

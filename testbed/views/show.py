@@ -18,6 +18,9 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
         out.append(f"  {sc.description}")
     out.append(f"fabric: {fab.kind}, {len(plan.hosts)} GPUs in {len(plan.servers)} servers, "
                f"{sum(s.role == 'leaf' for s in plan.switches)} leaves, {fab.spines} spines")
+    out.append("routing: " + ("adaptive (each data packet to the least occupied shortest-path port; "
+                              f"{len(plan.adaptive_choices())} decision entries)" if fab.routing == "adaptive"
+                              else "ecmp (select groups hash the 5-tuple)"))
     out.append(f"dilation: {d.factor:g} ({plan.dilation_reason})")
     out.append(f"  real 400G = {format_rate(d.rate_bps(400e9))}bit/s emulated; real 1us = "
                f"{format_duration(d.duration_ns(1000))} emulated; bytes unchanged")

@@ -66,14 +66,7 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
             rows.append(("Queue depth while backlogged (median)", units.format_size(q["median_backlogged_depth_bytes"]),
                          f"{q['busiest_port']}, {q['per_port'][q['busiest_port']]['backlogged_polls']} backlogged "
                          f"polls"))
-    m = s.get("ecmp", {})
-    if m.get("imbalance") is not None:
-        qps = m.get("qps_per_connection", 1)
-        rows.append(("ECMP imbalance (max / mean uplink bytes)", f"{m['imbalance']:.2f}",
-                     f"the MMR; 1.00 = even; {len(m['per_leaf'])} leaves x {len(next(iter(m['per_leaf'].values()))['bytes'])}"
-                     f" uplinks; {m.get('load_balancing', 'flow')}, {qps} QP{'' if qps == 1 else 's'} per connection"))
-        if m.get("jain_min") is not None:
-            rows.append(("Jain fairness of uplink loads (worst leaf)", f"{m['jain_min']:.3f}", "1.000 = equal loads"))
+    rows += _load_balancing_rows(s.get("ecmp", {}))
     f = s.get("fairness", {})
     if f:
         rows.append(("Jain fairness of concurrent flows", f"mean {f['jain_mean']:.3f}, min {f['jain_min']:.3f}",
@@ -146,17 +139,38 @@ def narrative(s: dict) -> list[str]:
                 parts.append(f"{d['packets']} packets were dropped and {t.get('retransmitted', 0)} retransmitted")
             out.append("; ".join(parts) + ".")
     m = s.get("ecmp", {})
-    spread = m.get("load_balancing", "flow") != "flow" or m.get("qps_per_connection", 1) > 1
+    spread = (m.get("load_balancing", "flow") != "flow" or m.get("qps_per_connection", 1) > 1
+              or m.get("routing") == "adaptive")
     if m.get("imbalance") and m["imbalance"] > 1.5 and not spread:
         out.append(f"ECMP hashes whole flows onto uplinks: with a few large flows (one queue pair per ring "
                    f"neighbour) a leaf's busiest uplink carried x{m['imbalance']:.2f} the mean.")
     elif m.get("imbalance") and spread:
         qps = m.get("qps_per_connection", 1)
-        out.append(f"Load balancing {m['load_balancing']} with {qps} queue pair{'' if qps == 1 else 's'} per "
+        out.append(("Adaptive routing (each data packet to the least occupied port), " if m.get("routing") == "adaptive"
+                    else "") +
+                   f"load balancing {m['load_balancing']} with {qps} queue pair{'' if qps == 1 else 's'} per "
                    f"connection: a leaf's busiest uplink carried x{m['imbalance']:.2f} the mean"
                    + (f"; {t['out_of_order_ratio']:.1%} of data packets arrived out of order" if
                       t.get("out_of_order_ratio") else "") + ".")
     return out
+
+
+
+def _load_balancing_rows(m: dict) -> list:
+    """The uplink-load rows: MMR, adaptive routing's decisions, Jain of uplink loads."""
+    rows: list = []
+    if m.get("imbalance") is not None:
+        qps = m.get("qps_per_connection", 1)
+        rows.append(("ECMP imbalance (max / mean uplink bytes)", f"{m['imbalance']:.2f}",
+                     f"the MMR; 1.00 = even; {len(m['per_leaf'])} leaves x {len(next(iter(m['per_leaf'].values()))['bytes'])}"
+                     f" uplinks; {m.get('load_balancing', 'flow')}, {qps} QP{'' if qps == 1 else 's'} per connection"
+                     + ("; adaptive routing" if m.get("routing") == "adaptive" else "")))
+        if m.get("adaptive_decisions") is not None:
+            rows.append(("Adaptive routing: packets moved off the hash", f"{m['adaptive_moved_ratio']:.1%}",
+                         f"of {m['adaptive_decisions']} decisions (least occupied port, per packet and hop)"))
+        if m.get("jain_min") is not None:
+            rows.append(("Jain fairness of uplink loads (worst leaf)", f"{m['jain_min']:.3f}", "1.000 = equal loads"))
+    return rows
 
 
 def terminal(s: dict, report_path=None) -> str:

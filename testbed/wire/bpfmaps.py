@@ -4,6 +4,7 @@ drain between packets. The layouts must match ``bpf/marker.c``."""
 
 from __future__ import annotations
 
+import socket
 import struct
 
 ECN_OFF = 2 ** 64 - 1
@@ -54,3 +55,35 @@ def pfc_counters(raw: bytes) -> dict:
 
 def pack_pfc_counters(**fields) -> bytes:
     return struct.pack(PFC_FORMAT, *(int(fields.get(k, 0)) for k in PFC_FIELDS))
+
+
+# bpf/marker.c: struct steer_key {u32 hop; u32 src; u32 dst_net} (addresses in network
+# order) and struct steer_choice {u32 n, pad; u32 ifindex[16]; u32 port[16]; u64 decisions,
+# moved}: adaptive routing's decision table
+STEER_MAX_CHOICES = 16
+STEER_KEY_FORMAT = "=I4s4s"
+STEER_FORMAT = f"=II{STEER_MAX_CHOICES}I{STEER_MAX_CHOICES}IQQ"
+STEER_SIZE = struct.calcsize(STEER_FORMAT)
+
+
+def steer_key(hop_ifindex: int, src: str | None, dst_net: str) -> bytes:
+    """Key of one decision: the hop's ifindex (0: a GPU NIC, keyed by its ``src`` address)
+    and the destination /24 (``10.0.2.0/24``)."""
+    return struct.pack(STEER_KEY_FORMAT, hop_ifindex, socket.inet_aton(src) if src else bytes(4),
+                       socket.inet_aton(dst_net.split("/")[0]))
+
+
+def steer_choice(choices) -> bytes:
+    """Value of one decision: ``choices`` is ((ifindex, OpenFlow port), ...), counters zero."""
+    if not 1 <= len(choices) <= STEER_MAX_CHOICES:
+        raise ValueError(f"adaptive routing takes 1 to {STEER_MAX_CHOICES} candidate ports, got {len(choices)}")
+    pad = [0] * (STEER_MAX_CHOICES - len(choices))
+    return struct.pack(STEER_FORMAT, len(choices), 0, *([i for i, _ in choices] + pad),
+                       *([p for _, p in choices] + pad), 0, 0)
+
+
+def steer_counters(raw: bytes) -> dict:
+    """The decision counters of a ``struct steer_choice``: packets tagged, and of those the
+    ones sent to a port other than the flow hash's."""
+    fields = struct.unpack(STEER_FORMAT, raw)
+    return {"decisions": fields[-2], "moved": fields[-1]}

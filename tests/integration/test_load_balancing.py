@@ -1,6 +1,7 @@
 """Load balancing on the real fabric (issue 14): the collision scenario (every ring hop
 crosses the spines of a 1:1 leaf/spine fabric) run with one QP per connection hashed by
-ECMP, with 4 QPs per connection, and with per-packet spraying, each over RoCE (go-back-N)."""
+ECMP, with 4 QPs per connection, with per-packet spraying (over RoCE and UET), with trimming,
+and routed adaptively against ECMP."""
 
 import json
 
@@ -92,3 +93,36 @@ def test_trimming_turns_drops_into_nacks_and_exact_retransmissions(tmp_path, cle
     # every resend answered a NACK (a retransmission timer may still fire while a window is
     # shut, but what it queues is acknowledged before it goes: it resends nothing)
     assert n == t["trimmed_received"] == t["nacks_sent"] == t["nacks_received"] == t["retransmitted"], t
+
+
+def test_adaptive_routing_lowers_the_worst_queue_against_ecmp(tmp_path, clean_slate):
+    """The collision job routed by ECMP and adaptively. ECMP hashes the 4 flows of each leaf
+    onto its 4 uplinks and collides (busiest >= 1.5 x the mean), so a port queues two flows'
+    worth. Adaptive: each data packet goes to the least occupied port (the NIC picks the
+    leaf's uplink, the leaf's uplink the spine's link down), so the worst queue is less than
+    half ECMP's, the uplinks even out and the step is faster. Over RoCE the per-packet choice
+    reorders and go-back-N resends (as spraying does: adaptive routing needs a transport that
+    places out-of-order packets); over UET every byte arrives with no retransmission and the
+    step is faster still. The bytes leaving each leaf are the job's whatever the paths (within
+    1 %: the two transports' acknowledgements differ)."""
+    ecmp, _ = collide(tmp_path / "ecmp")
+    roce, _ = collide(tmp_path / "adaptive", "fabric.routing=adaptive")
+    uet, _ = collide(tmp_path / "adaptive-uet", "fabric.routing=adaptive", "workload.transport.kind=uet")
+    e = ecmp["ecmp"]
+    assert e["routing"] == "ecmp" and "adaptive_decisions" not in e
+    worst = ecmp["queues"]["max_depth_bytes"]
+    for run_ in (roce, uet):
+        a = run_["ecmp"]
+        assert a["routing"] == "adaptive" and a["adaptive_decisions"] > 0 and 0 < a["adaptive_moved_ratio"] < 1, a
+        assert run_["queues"]["max_depth_bytes"] < 0.5 * worst, (run_["queues"]["max_depth_bytes"], worst)
+        assert a["imbalance"] < e["imbalance"] and run_["drops"]["packets"] == 0, (a["imbalance"], e["imbalance"])
+        for leaf, per in e["per_leaf"].items():
+            sent, adaptive_sent = sum(per["bytes"].values()), sum(a["per_leaf"][leaf]["bytes"].values())
+            if run_ is uet:  # RoCE's adaptive run adds its retransmissions
+                assert abs(adaptive_sent - sent) <= 0.01 * sent, (leaf, sent, adaptive_sent)
+    assert e["imbalance"] >= 1.5 and uet["ecmp"]["imbalance"] <= 1.3, (e["imbalance"], uet["ecmp"]["imbalance"])
+    r, u = roce["transport"], uet["transport"]
+    assert r["out_of_order_ratio"] > 0 and r["retransmitted"] > 0, r
+    assert u["out_of_order_ratio"] > 0 and u["retransmitted"] == 0 and u["timeouts"] == 0, u
+    jct = [s["jct"]["mean_ratio"] for s in (ecmp, roce, uet)]
+    assert jct[0] > jct[1] > jct[2], jct

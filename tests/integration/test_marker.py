@@ -2,6 +2,7 @@
 BPF_PROG_TEST_RUN: the shadow queue does not drain (port rate 8 bit/s), so each test
 sets the depth exactly by the bytes it sends."""
 
+import os
 import struct
 import uuid
 
@@ -124,3 +125,49 @@ def test_max_depth_since_last_read_is_not_lost(marker):
     assert second["max_depth_bytes"] == 35_000  # ...is seen at the next read
     run(marker, 1000, 0)  # the first packet of the new epoch must not erase the finished one
     assert marker.read(ports)[LO_IFINDEX]["max_depth_bytes"] == 36_000
+
+
+def udp_packet(sport: int) -> bytes:
+    """A data packet from 10.0.1.2 to 10.0.1.1 with UDP source port ``sport`` (the flow hash)."""
+    raw = bytearray(packet(1000, 2))
+    raw[34:36] = struct.pack("!H", sport)
+    raw[36:38] = struct.pack("!H", 4791)
+    return bytes(raw)
+
+
+def test_adaptive_routing_picks_the_least_occupied_port_ties_keep_the_hash(marker):
+    """The GPU NIC's program (steer_nic) against a decision entry with two candidate ports
+    whose shadow depth the test sets (paused: it does not drain). Both empty or equally deep:
+    every packet keeps its flow-hash port (nothing moved). One deep: every packet goes to the
+    other, so exactly the packets whose hash chose the deep one are moved; swapping which is
+    deep moves exactly the others: the two counts add up to the packets sent."""
+    prog = bpfmap.obj_get(str(marker.dir / "steer_nic"))
+    table = bpfmap.Map(str(marker.dir / "testbed_steer"), bpfmaps.STEER_SIZE)
+    key = bpfmaps.steer_key(0, "10.0.1.2", "10.0.1.0/24")
+    a, b = 901, 902  # candidate ports' state keys (never real interfaces: only read here)
+    pq = configure(marker, 10**9, 10**9, 10**9, 0.0)
+    for idx in (a, b):
+        marker.cfg.update(idx, bpfmaps.marker_cfg(pq, paused=True))
+
+    def depths(da, db, n=200):
+        for idx, d in ((a, da), (b, db)):
+            marker.state.update(idx, struct.pack(bpfmaps.STATE_FORMAT, d, 0, 1, *([0] * 10)))
+        table.update(key, bpfmaps.steer_choice([(a, 5), (b, 6)]))
+        for sport in range(49152, 49152 + n):
+            verdict, _, _ = bpfmap.prog_test_run(prog, udp_packet(sport), CTX)
+            assert verdict == TC_ACT_OK
+        return bpfmaps.steer_counters(table.lookup(key))
+
+    try:
+        assert depths(0, 0) == {"decisions": 200, "moved": 0}
+        assert depths(50_000, 50_000) == {"decisions": 200, "moved": 0}
+        first = depths(50_000, 0)["moved"]
+        second = depths(0, 50_000)["moved"]
+        assert 0 < first < 200 and first + second == 200, (first, second)
+        # no entry (an ECMP run, or a destination with one path): untouched, not counted
+        table.delete(key)
+        assert bpfmap.prog_test_run(prog, udp_packet(1), CTX)[0] == TC_ACT_OK
+        assert table.lookup(key) is None
+    finally:
+        table.close()
+        os.close(prog)

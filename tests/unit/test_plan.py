@@ -128,3 +128,24 @@ def test_show_renders_real_and_emulated_units():
     assert "400G /     8Mbit/s" in text
     assert "ECMP paths h1 -> h8: 2" in text
     assert "bisection bandwidth: 1.6Tbit/s real" in text
+
+
+def test_adaptive_choices_where_a_switch_has_a_choice():
+    """Every hop into a switch with several shortest-path ports gets a decision entry: each
+    GPU NIC for its leaf's uplinks (4), each leaf uplink for the spine's two parallel links
+    down to the other leaf; spine ports toward a leaf do not (the leaf's /32s have one port),
+    nor does a leaf uplink for its own /24. ECMP plans have none."""
+    from testbed.model.routes import Steer
+
+    p = plan.build(scenario.load("collisions", ["fabric.routing=adaptive"]), "user")
+    assert p.routing == "adaptive" and p.to_dict()["routing"] == "adaptive"
+    entries = p.adaptive_choices()
+    nics = [e for e in entries if e.hop is None]
+    ports = [e for e in entries if e.hop is not None]
+    assert len(nics) == 8 and len(ports) == 8
+    assert Steer(None, "10.0.1.1", "10.0.2.0/24",
+                 (("leaf1-eth5", 5), ("leaf1-eth6", 6), ("leaf1-eth7", 7), ("leaf1-eth8", 8))) in nics
+    assert Steer("leaf1-eth5", None, "10.0.2.0/24", (("spine1-eth3", 3), ("spine1-eth4", 4))) in ports
+    assert all(e.hop.startswith("leaf") for e in ports)
+    assert not [e for e in ports if e.hop.startswith("leaf1") and e.dst_net == "10.0.1.0/24"]
+    assert plan.build(scenario.load("collisions"), "user").adaptive_choices() == []

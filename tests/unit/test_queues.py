@@ -64,3 +64,15 @@ def test_marker_cfg_layout_matches_bpf_struct():
 @pytest.mark.parametrize("rate,delay_ns,want", [(400e9, 15, 8428 + 51_500), (100e9, 500, 8428 + 25_000)])
 def test_headroom_formula(rate, delay_ns, want):
     assert queues.headroom_formula_bytes(rate, delay_ns) == want
+
+
+def test_steer_table_layout_golden():
+    """struct steer_key / steer_choice of bpf/marker.c (bpftool btf: 12 and 152 bytes)."""
+    assert bpfmaps.steer_key(7, "10.0.1.2", "10.0.2.0/24") == bytes.fromhex("07000000" "0a000102" "0a000200")
+    assert bpfmaps.steer_key(0, None, "10.0.3.0/24") == bytes.fromhex("00000000" "00000000" "0a000300")
+    raw = bpfmaps.steer_choice([(11, 5), (12, 6)])
+    assert len(raw) == bpfmaps.STEER_SIZE == 152
+    assert raw[:16] == struct.pack("=IIII", 2, 0, 11, 12) and raw[72:80] == struct.pack("=II", 5, 6)
+    assert bpfmaps.steer_counters(raw[:136] + struct.pack("=QQ", 9, 4)) == {"decisions": 9, "moved": 4}
+    with pytest.raises(ValueError):
+        bpfmaps.steer_choice([(i, i) for i in range(17)])

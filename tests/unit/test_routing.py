@@ -56,3 +56,25 @@ def test_fabric_ready_only_after_every_barrier():
     ctl.switch_disconnected(dpids[0], now=3.0)
     assert not ctl.all_ready
     assert ctl.barrier_reply(dpids[0], now=3.1) == []  # a stray barrier does not make it ready
+
+
+def test_adaptive_routing_follows_the_tag_above_every_route():
+    """fabric.routing: adaptive adds, per select-group port, a flow for the VLAN id the hop
+    before chose (bpf/marker.c): pop the tag and output there, above every route; ECMP has none."""
+    p = plan.build(scenario.load("collisions", ["fabric.routing=adaptive"]), "user")
+    msgs = routing.switch_program([{"prefix": r.prefix, "ports": list(r.ports)} for r in p.routes_for("spine1")],
+                                  adaptive=True)
+    steered = [m for m in msgs if isinstance(m, routing.FlowAdd) and m.priority == routing.PRIORITY_STEERED]
+    assert steered == [routing.FlowAdd(200, (("eth_type", 0x0800), ("vlan_vid", 0x1000 | port)),
+                                       (("pop_vlan",), ("dec_nw_ttl",), ("output", port)), table=1)
+                       for port in (1, 2, 3, 4)]
+    routes = [m for m in msgs if isinstance(m, routing.FlowAdd) and m.table == 1 and m not in steered]
+    assert routes and max(m.priority for m in routes) < routing.PRIORITY_STEERED
+    assert isinstance(msgs[-1], routing.Barrier)
+    assert not [m for m in program("spine1") if getattr(m, "priority", 0) == routing.PRIORITY_STEERED]
+    # the controller takes the mode from the plan
+    ctl = routing.FabricController(p.to_dict())
+    leaf1 = next(d for d, s in ctl.switches.items() if s["name"] == "leaf1")
+    flows = [m for m in ctl.switch_connected(leaf1, now=0.0) if isinstance(m, routing.FlowAdd)]
+    assert [dict(f.match)["vlan_vid"] & 0xFFF for f in flows if f.priority == 200] == [5, 6, 7, 8]
+    assert routing.FabricController(plan.build(scenario.load("collisions"), "user").to_dict()).adaptive is False

@@ -96,3 +96,15 @@ def test_run_with_bad_input_creates_nothing(in_repo, tmp_path):
     assert res.returncode == 2
     assert res.stderr == ("error: --set fabric.spines=-1: expected an integer between 0 and 64, got -1\n")
     assert not (tmp_path / "results").exists()
+
+
+def test_routing_is_ecmp_or_adaptive_with_at_most_16_choices():
+    assert scenario.load("collisions").fabric.routing == "ecmp"
+    assert scenario.load("collisions", ["fabric.routing=adaptive"]).fabric.routing == "adaptive"
+    with pytest.raises(ConfigError) as err:
+        scenario.load("collisions", ["fabric.routing=cheapest"])
+    assert err.value.problems == ["--set fabric.routing=cheapest: expected one of ecmp, adaptive, got 'cheapest'"]
+    with pytest.raises(ConfigError) as err:
+        scenario.load("collisions", ["fabric.routing=adaptive", "fabric.spines=2", "fabric.uplinks.count=18"])
+    assert err.value.problems == ["--set fabric.routing=adaptive: adaptive routing chooses among at most 16 ports "
+                                  "per hop; leaf 1 has 18 uplinks"]
