@@ -1,12 +1,14 @@
 """Load balancing side by side (issue 14): the collision scenario (every ring hop crosses the
 spines of a 1:1 leaf/spine fabric) with one QP per connection hashed by ECMP, with more QPs
-per connection, with per-packet spraying and with flowlets, in one run of this script
-(a benchmark, not a test).
+per connection, with per-packet spraying, with flowlets and with adaptive routing (switches
+send each data packet to the least occupied port), in one run of this script (a benchmark,
+not a test).
 
-    .venv/bin/python bench/load_balancing.py [--iterations 2] [--modes flow,qps4,spray,flowlet]
+    .venv/bin/python bench/load_balancing.py [--iterations 2] [--modes flow,qps4,spray,flowlet,adaptive]
                                              [--transports roce,uet] [--set PATH=VALUE ...]   (as root)
 
-Prints one line per mode: JCT ratio (step / analytical ideal), uplink-load MMR (max / mean
+Prints one line per mode: JCT ratio (step / analytical ideal), the worst switch queue's
+maximum depth, uplink-load MMR (max / mean
 bytes on a leaf's uplinks, worst leaf) and Jain's index of those loads, the out-of-order
 arrival ratio, retransmitted bytes, trimmed packets and the fidelity verdict, for each
 transport: RoCE RC (go-back-N, DCQCN) and the UET model (SACK, selective retransmission,
@@ -34,6 +36,7 @@ BALANCE = {
     "spray": ("workload.transport.load_balancing=spray",),
     "spray8": ("workload.transport.load_balancing=spray", "workload.transport.spray_packets=8"),
     "flowlet": ("workload.transport.load_balancing=flowlet",),
+    "adaptive": ("fabric.routing=adaptive",),
 }
 TRANSPORTS = {"roce": ("workload.transport.kind=roce",), "uet": ("workload.transport.kind=uet",),
               "uet+trim": ("workload.transport.kind=uet", "queues.trim=on")}
@@ -42,7 +45,7 @@ TRANSPORTS = {"roce": ("workload.transport.kind=roce",), "uet": ("workload.trans
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=2)
-    ap.add_argument("--modes", default="flow,qps4,spray,flowlet")
+    ap.add_argument("--modes", default="flow,qps4,spray,flowlet,adaptive")
     ap.add_argument("--transports", default="roce,uet")
     ap.add_argument("--set", action="append", default=[], dest="sets")
     args = ap.parse_args()
@@ -57,15 +60,16 @@ def main() -> int:
                     return 1
                 s = json.loads((result.run_dir / "summary.json").read_text())
                 t, e = s["transport"], s["ecmp"]
-                rows.append((kind, mode, s["jct"]["mean_ratio"], e["imbalance"], e["jain_min"],
+                rows.append((kind, mode, s["jct"]["mean_ratio"], s["queues"]["max_depth_bytes"], e["imbalance"],
+                             e["jain_min"],
                              t["out_of_order_ratio"], t["retransmitted_bytes"], s["drops"].get("trimmed_packets", 0),
                              s["fidelity"]["verdict"], s["run"]["dilation"]))
     print(f"collision scenario (2 leaves x 4 GPUs, 4 uplinks each, ring across the spines), {args.iterations} "
           f"iterations{', ' + ' '.join(args.sets) if args.sets else ''}")
-    print(f"{'transport':>9} {'mode':>8} {'JCT ratio':>9} {'MMR':>5} {'Jain':>5} {'OOO':>6} {'retx bytes':>10} "
-          f"{'trimmed':>7}  verdict (dilation)")
-    for kind, mode, jct, mmr, jain, ooo, retx, trim, verdict, d in rows:
-        print(f"{kind:>9} {mode:>8} {jct:>9.3f} {mmr:>5.2f} {jain:>5.3f} {100 * ooo:>5.1f}% "
+    print(f"{'transport':>9} {'mode':>8} {'JCT ratio':>9} {'max queue':>9} {'MMR':>5} {'Jain':>5} {'OOO':>6} "
+          f"{'retx bytes':>10} {'trimmed':>7}  verdict (dilation)")
+    for kind, mode, jct, depth, mmr, jain, ooo, retx, trim, verdict, d in rows:
+        print(f"{kind:>9} {mode:>8} {jct:>9.3f} {units.format_size(depth):>9} {mmr:>5.2f} {jain:>5.3f} {100 * ooo:>5.1f}% "
               f"{units.format_size(retx):>10} {trim:>7}  {verdict} ({d:g})")
     return 0
 

@@ -5,7 +5,10 @@
 1. ns per packet inside the kernel (BPF_PROG_TEST_RUN, 200000 runs each) for: a minimal
    tc program (r0 = 0; exit) as the baseline, the marker on a port it does not manage,
    on a managed port below Kmin, and on a managed port above Kmax (marking: the CE
-   rewrite and checksum fix).
+   rewrite and checksum fix); then, from 20000 single runs each (a VLAN push changes the
+   packet a repeated run reuses), adaptive routing's decision: the GPU NIC's steer_nic
+   without and with a 4-port choice, and the marker making the next switch's 2-port choice,
+   next to the baseline and the plain marker measured the same way.
 2. Forwarding through a veth pair between two namespaces made here, with and without
    the marker on the sender's egress (settings that never mark or drop), alternated:
    TCP throughput and 64-byte UDP packet rate (iperf3), medians and the ratio.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import struct
 import subprocess
@@ -36,6 +40,7 @@ from testbed.apply.process import wait_for
 BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_SCHED_CLS = 3
 RUNS = 200_000
+SINGLE_RUNS = 20_000
 
 
 def minimal_prog() -> int:
@@ -62,7 +67,7 @@ def port(rate_bps, buffer, kmin, kmax, pmax=0.5) -> queues.PortQueue:
     return queues.PortQueue(switch="b", port=1, intf="x", peer="y", rate_bps=rate_bps, emulated_rate_bps=rate_bps,
                             buffer_bytes=buffer, ecn=True, kmin_bytes=kmin, kmax_bytes=kmax, pmax=pmax, pfc=False,
                             xoff_bytes=0, xon_bytes=0, headroom_bytes=0, headroom_formula_bytes=0,
-                            burst_bytes=1 << 40, fifo_limit_bytes=buffer)
+                            burst_bytes=1 << 40, fifo_limit_bytes=buffer, delay_ns=0, emulated_delay_ns=0)
 
 
 def in_kernel(m: Marker):
@@ -81,7 +86,47 @@ def in_kernel(m: Marker):
     assert out[15] & 3 == 3
     results["marker, managed, marking CE"] = ns
     for name, ns in results.items():
-        print(f"  {name:34} {ns:6d} ns   ({ns - results['minimal tc program (baseline)']:+d} ns vs baseline)")
+        print(f"  {name:50} {ns:6d} ns   ({ns - results['minimal tc program (baseline)']:+d} ns vs baseline)")
+    single = adaptive_routing(m)
+    for name, ns in single.items():
+        print(f"  {name:50} {ns:6d} ns   ({ns - single['single runs: minimal tc program']:+d} ns vs baseline)")
+
+
+def single_runs_ns(fd: int, pkt: bytes, context: bytes, n: int = SINGLE_RUNS) -> int:
+    """Median in-kernel time of ``n`` separate runs of one packet: a program that pushes a
+    VLAN tag changes the packet it is given, and BPF_PROG_TEST_RUN's repeat reuses it."""
+    return int(statistics.median(bpfmap.prog_test_run(fd, pkt, context)[2] for _ in range(n)))
+
+
+def adaptive_routing(m: Marker) -> dict:
+    """Adaptive routing's decision (fabric.routing: adaptive), each row from single runs
+    (``single_runs_ns``) next to the baseline and the plain marker measured the same way:
+    the GPU NIC's program without and with an entry of 4 candidate ports (4 shadow-queue
+    reads, a VLAN push), and the marker when it also makes the next switch's choice of 2."""
+    out = {}
+    steer = bpfmap.obj_get(str(m.dir / "steer_nic"))
+    table = bpfmap.Map(str(m.dir / "testbed_steer"), bpfmaps.STEER_SIZE)
+    base = minimal_prog()
+    try:
+        m.configure(1, port(8e12, 1 << 50, 1 << 49, 1 << 49))
+        candidates = [(900 + i, 5 + i) for i in range(4)]
+        for idx, _ in candidates:
+            m.configure(idx, port(8e12, 1 << 50, 1 << 49, 1 << 49))
+        out["single runs: minimal tc program"] = single_runs_ns(base, packet(2), ctx(1))
+        out["single runs: marker, below Kmin"] = single_runs_ns(m.prog_fd, packet(2), ctx(1))
+        out["single runs: steer_nic, no decision entry"] = single_runs_ns(steer, packet(2), ctx(1))
+        # packet(): 10.0.1.2 -> 10.0.1.1
+        table.update(bpfmaps.steer_key(0, "10.0.1.2", "10.0.1.0/24"), bpfmaps.steer_choice(candidates))
+        out["single runs: steer_nic, choice of 4 + VLAN push"] = single_runs_ns(steer, packet(2), ctx(1))
+        table.update(bpfmaps.steer_key(1, None, "10.0.1.0/24"), bpfmaps.steer_choice(candidates[:2]))
+        out["single runs: marker + next switch's choice of 2"] = single_runs_ns(m.prog_fd, packet(2), ctx(1))
+        tagged = bpfmaps.steer_counters(table.lookup(bpfmaps.steer_key(0, "10.0.1.2", "10.0.1.0/24")))
+        assert tagged["decisions"] == SINGLE_RUNS, tagged  # every run really chose and pushed
+    finally:
+        table.close()
+        os.close(steer)
+        os.close(base)
+    return out
 
 
 def sh(argv, **kw):
