@@ -19,7 +19,8 @@ LOG = logging.getLogger("testbed")
 
 def _add_scenario_args(p: argparse.ArgumentParser):
     p.add_argument("scenario", nargs="?", default=None,
-                   help="scenario name in scenarios/, or a scenario or topology YAML file (default: default)")
+                   help="scenario name in scenarios/, or a scenario or topology YAML file (default: default); "
+                        "show also takes chakra:PREFIX, a Chakra trace's summary")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                    help="override any scenario field, e.g. --set fabric.spines=4 --set queues.ecn.kmin=100KB "
                         "(repeatable)")
@@ -121,17 +122,25 @@ def _lab(args) -> int:
     return 0
 
 
+def _show(args) -> str:
+    if (args.scenario or "").startswith("chakra:"):
+        from testbed.views import chakra
+
+        return chakra.render(args.scenario[len("chakra:"):])
+    from testbed.model import plan
+    from testbed.views import digest, show
+
+    planned = plan.build(_load(args))
+    return digest.digest(planned).rstrip("\n") if args.digest else \
+        show.render(planned, tuple(args.paths) if args.paths else None)
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = parser().parse_args(argv)
     try:
         if args.command == "show":
-            from testbed.model import plan
-            from testbed.views import digest, show
-
-            planned = plan.build(_load(args))
-            print(digest.digest(planned).rstrip("\n") if args.digest else
-                  show.render(planned, tuple(args.paths) if args.paths else None))
+            print(_show(args))
         elif args.command == "run":
             from testbed import run
 

@@ -209,6 +209,16 @@ def _apply_set(doc: dict, path: tuple, value, text: str):
     node[last] = value
 
 
+CHAKRA = "chakra:"
+
+
+def _trace_name(prefix: str) -> str:
+    """A workload name from a trace prefix: ``chakra/dp8/step`` -> ``dp8-step``."""
+    parts = [p for p in Path(prefix).parts[-2:] if p not in ("/", "..", ".")]
+    name = re.sub(r"[^a-z0-9_-]+", "-", "-".join(parts).lower()).strip("-_")[:32]
+    return name if name and NAME_RE.fullmatch(name) else "chakra"
+
+
 def resolve(ref: str | None = None, overrides: list[str] | tuple = ()) -> tuple:
     """The scenario document by name or path (a topology file is accepted too) with its
     topology and workload merged in and ``--set`` overrides applied: (document, origins,
@@ -241,7 +251,13 @@ def resolve(ref: str | None = None, overrides: list[str] | tuple = ()) -> tuple:
     elif doc.get("fabric") is not None:
         raise ConfigError(f"{scenario_label}: fabric: expected a mapping of topology fields to override")
     traffic_ref = doc.get("traffic")
-    if traffic_ref is not None:
+    if isinstance(traffic_ref, str) and traffic_ref.startswith(CHAKRA):
+        # a Chakra trace (PREFIX.<rank>.et) replayed as the workload (config.workload._chakra)
+        prefix = traffic_ref[len(CHAKRA):]
+        resolved["traffic"] = traffic_ref
+        resolved["workload"] = {"name": _trace_name(prefix), "chakra": {"prefix": prefix}}
+        origins.add(("workload",), f"{scenario_label}: traffic {traffic_ref}")
+    elif traffic_ref is not None:
         if not isinstance(traffic_ref, str):
             raise ConfigError(f"{scenario_label}: traffic: expected the name of a file in traffic/, got {traffic_ref!r}")
         traffic_path = _find(traffic_ref, TRAFFIC_DIR, "workload", f"{scenario_label}: traffic")

@@ -26,7 +26,8 @@ MAPPINGS = ("sequential", "rail")
 PRECISION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 RDMA_MTUS = (256, 512, 1024, 2048, 4096)  # the InfiniBand path MTUs RoCE uses
 KEYS = ("name", "description", "iterations", "model", "parallelism", "mapping", "compute", "collective",
-        "pipeline_schedule", "micro_batches", "activations", "transport")
+        "pipeline_schedule", "micro_batches", "activations", "transport", "chakra")
+CHAKRA_KEYS = ("name", "description", "iterations", "mapping", "transport", "chakra")  # what a replay reads
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Workload:
     spray_packets: int = 1  # spray: a new source port every this many packets
     flowlet_gap_ns: int = 10_000  # flowlet: a new source port after an idle gap this long (real time)
     kind: str = "roce"  # roce (RC, go-back-N, DCQCN) | uet (reliable unordered, SACK, NSCC)
+    chakra: object = None  # model.chakra.Trace: the schedule is this trace's replay (model.replay)
 
     @property
     def compute_ns(self) -> int:
@@ -72,6 +74,8 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     """``c`` is the scenario's problem collector; ``gpus`` the fabric's GPU count (None if
     the fabric itself is invalid)."""
     doc = c.mapping(doc, path, KEYS)
+    if isinstance(doc, dict) and doc.get("chakra") is not None:
+        return _chakra(c, doc, path, gpus)
     name = doc.get("name", "workload")
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         c.problem(path + ("name",), f"expected 1-32 characters of a-z, 0-9, - and _, got {_show(name)}")
@@ -107,6 +111,49 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
                     # Megatron: 2 AllReduces per layer forward (attention, MLP) and 2 backward;
                     # modelled as one AllReduce of their total after each forward/backward
                     tensor_bytes=2 * per_stage_layers * activations, dcqcn_params=dcqcn_params, **balance)
+
+
+def _chakra(c, doc, path: tuple, gpus: int | None) -> Workload | None:
+    """A Chakra trace replayed (``chakra: {prefix, comm_groups}``): one rank per GPU, ranks
+    on GPUs by ``mapping``; the trace says what each does, so the native schedule's fields
+    are refused rather than silently ignored."""
+    from testbed.model import chakra, replay  # the trace reader (protobuf) only when one is asked for
+    for key in doc:
+        if key not in CHAKRA_KEYS and key in KEYS:
+            c.problem(path + (key,), "not used with chakra: the trace says what every rank does")
+    name = doc.get("name", "chakra")
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        c.problem(path + ("name",), f"expected 1-32 characters of a-z, 0-9, - and _, got {_show(name)}")
+    description = doc.get("description") or ""
+    iterations = c.integer(doc, "iterations", path, default=1, minimum=1, maximum=10_000)
+    ch_path = path + ("chakra",)
+    ch = c.mapping(doc["chakra"], ch_path, ("prefix", "comm_groups"))
+    prefix, groups = ch.get("prefix"), ch.get("comm_groups")
+    if not isinstance(prefix, str) or not prefix:
+        c.problem(ch_path + ("prefix",), f"expected the trace's path prefix (PREFIX.<rank>.et), got {_show(prefix)}")
+        prefix = None
+    if groups is not None and not isinstance(groups, str):
+        c.problem(ch_path + ("comm_groups",), f"expected the path of a communicator-group JSON file, got {_show(groups)}")
+        groups = None
+    trace = None
+    if prefix is not None:
+        try:
+            trace = chakra.load(prefix, groups)
+            replay.check(trace)
+        except chakra.TraceError as exc:
+            c.problems.extend(exc.problems)  # they name the file and node themselves
+            trace = None
+    if trace is not None and gpus is not None and len(trace.ranks) != gpus:
+        c.problem(ch_path + ("prefix",), f"the trace has {len(trace.ranks)} ranks and the fabric {gpus} GPUs "
+                                         f"(one rank per GPU)")
+    mapping = _mapping(c, doc, path, gpus)
+    mtu, dcqcn, dcqcn_params, balance = _transport(c, doc, path)
+    if c.problems or trace is None or None in (iterations, mapping) or mtu not in RDMA_MTUS:
+        return None
+    return Workload(name=str(name), description=str(description).strip(), iterations=iterations,
+                    data=len(trace.ranks), pipeline=1, tensor=1, mapping=mapping, forward_ns=0, backward_ns=0,
+                    algorithm="chakra", allreduce_bytes=(), mtu_bytes=mtu, dcqcn=dcqcn in (True, "on"),
+                    gradient_bytes=0, gradient_source="chakra", dcqcn_params=dcqcn_params, chakra=trace, **balance)
 
 
 def _parallelism(c, doc, path: tuple, gpus: int | None) -> tuple:

@@ -10,6 +10,8 @@ Collectives and their analytical ideal (B: link payload rate, a: per-step latenc
 - all-to-all: every rank sends S/n to every other at once; (n-1)/n S/B + a
 - hierarchical: ring reduce-scatter on NVLink inside each server, ring AllReduce of S/g
   across servers among GPUs of the same rank (the rails), ring all-gather on NVLink.
+- broadcast (Chakra replay): a chain from the root in n chunks of S/n, each forwarded as it
+  arrives: the last rank has the last chunk after 2(n-1) chunk times; 2(n-1)/n S/B + (n-1) a.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def collective_ideal_ns(algorithm: str, size_bytes: int, n: int, link_bps: float
         return (n - 1) / n * size_bytes * 8 / b * 1e9 + (n - 1) * latency_ns
     if algorithm == "all-to-all":
         return (n - 1) / n * size_bytes * 8 / b * 1e9 + latency_ns
+    if algorithm == "broadcast":
+        return 2 * (n - 1) / n * size_bytes * 8 / b * 1e9 + (n - 1) * latency_ns
     if algorithm == "hierarchical":
         servers = n // g
         nv = payload_bps(nvlink_bps, mtu_bytes)
@@ -61,8 +65,10 @@ def collective_ideal_ns(algorithm: str, size_bytes: int, n: int, link_bps: float
 
 def bus_bandwidth_bps(size_bytes: int, n: int, elapsed_ns: float, algorithm: str = "ring") -> float:
     """nccl-tests: algbw = S / t; busbw = algbw x 2(n-1)/n for AllReduce, x (n-1)/n for
-    reduce-scatter, all-gather and all-to-all (bits/s)."""
+    reduce-scatter, all-gather and all-to-all, x 1 for broadcast (bits/s)."""
     factor = (n - 1) / n if algorithm in ("reduce-scatter", "all-gather", "all-to-all") else 2 * (n - 1) / n
+    if algorithm == "broadcast":
+        factor = 1.0
     return size_bytes * 8 / (elapsed_ns / 1e9) * factor
 
 
@@ -75,7 +81,7 @@ def sent_bytes(c: dict) -> dict:
     algo = c["algorithm"]
     if algo == "ring":
         total = 2 * (n - 1) * padded
-    elif algo in ("reduce-scatter", "all-gather"):
+    elif algo in ("reduce-scatter", "all-gather", "broadcast"):
         total = (n - 1) * padded
     elif algo == "halving-doubling":
         rounds = int(math.log2(n))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
-from testbed.model import schedule
+from testbed.model import replay, schedule
 from testbed.wire import roce
 
 RTO_REAL_NS = 128_000  # RoCE retransmission timeout in real time (x dilation in the emulation)
@@ -47,10 +47,19 @@ def plan_training(plan, workload, table) -> TrainingPlan:
     nvlink_bps = plan.scenario.fabric.nvlink_rate_bps
     lay = schedule.layout(workload, plan.hosts)
     latency_ns = max_ring_propagation_ns(plan, lay.dp_groups[(0, 0)], table) if plan.link_delay else 0
-    build = partial(schedule.build_plan, workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
-    _, collectives = build(members=())
+    if workload.chakra is not None:
+        build = partial(_replay, workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
+        _, collectives, path = replay.build_plan(workload, plan.hosts, link_bps, nvlink_bps, latency_ns, members=())
+        iteration_ideal = {"link_bps": link_bps, "step_latency_ns": latency_ns, **path}
+    else:
+        build = partial(schedule.build_plan, workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
+        _, collectives = build(members=())
+        iteration_ideal = ideal(workload, collectives, link_bps, latency_ns)
     ranks = {name: {"rank": r, "stage": lay.stage[name], "dp": lay.dp_rank[name], "tp": lay.tp_rank[name]}
              for r, name in enumerate(lay.order)}
+    if workload.chakra is not None:  # the trace's rank on each GPU (the roles are the trace's own)
+        trace_rank = {name: r for r, name in enumerate(replay.gpus_of_ranks(workload, plan.hosts))}
+        ranks = {name: {"rank": trace_rank[name], "stage": 0, "dp": trace_rank[name], "tp": 0} for name in lay.order}
     transport = {"mtu_bytes": workload.mtu_bytes, "dcqcn": workload.dcqcn,
                  "dcqcn_params": dict(workload.dcqcn_params), "rto_ns": RTO_REAL_NS,
                  "fabric_line_bps": link_bps, "nvlink_line_bps": nvlink_bps,
@@ -59,9 +68,14 @@ def plan_training(plan, workload, table) -> TrainingPlan:
                  "kind": workload.kind, "trim": plan.scenario.queues.trim,
                  "base_rtt_ns": base_rtt_ns(plan, workload.mtu_bytes),
                  "store_and_forward_ns": store_and_forward_ns(plan, workload.mtu_bytes)}
-    return TrainingPlan(collectives=tuple(collectives), ideal=ideal(workload, collectives, link_bps, latency_ns),
+    return TrainingPlan(collectives=tuple(collectives), ideal=iteration_ideal,
                         ranks=ranks, transport=transport, iterations=workload.iterations,
                         expand=partial(_expand, build))
+
+
+def _replay(workload, hosts, link_bps, nvlink_bps, latency_ns, members=None) -> tuple:
+    ops, collectives, _ = replay.build_plan(workload, hosts, link_bps, nvlink_bps, latency_ns, members=members)
+    return ops, collectives
 
 
 def _expand(build, members) -> dict:

@@ -26,10 +26,15 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
     progress = None
     try:
         with Agents(fab, list(tp.ranks), plan_path, records_dir, record) as agents:
-            LOG.info("training: %d GPUs (DP %d x PP %d x TP %d), %d iterations; gradients %s by %s; ideal %s per "
-                     "iteration (%.1fs emulated in all)", len(tp.ranks), wl.data, wl.pipeline, wl.tensor,
-                     tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
-                     units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
+            if wl.chakra is not None:
+                LOG.info("training: Chakra trace %s replayed on %d GPUs, %d iterations, %d collectives; ideal %s per "
+                         "iteration (%.1fs emulated in all)", wl.chakra.prefix, len(tp.ranks), tp.iterations,
+                         len(tp.collectives), units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
+            else:
+                LOG.info("training: %d GPUs (DP %d x PP %d x TP %d), %d iterations; gradients %s by %s; ideal %s per "
+                         "iteration (%.1fs emulated in all)", len(tp.ranks), wl.data, wl.pipeline, wl.tensor,
+                         tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
+                         units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
             progress = Progress(tp.ops, records_dir, tp.iterations)
             agents.train(timeout_s=max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s), progress=progress)
     finally:

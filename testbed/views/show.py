@@ -113,7 +113,8 @@ def _pfc(q) -> str:
 def _workload(plan, wl) -> list:
     """Ranks on GPUs and what the planned schedule sends where: per step of the first
     data-parallel collective, and per iteration on the fabric vs on NVLink."""
-    collectives, ranks = plan.training.collectives, plan.training.ranks
+    if wl.chakra is not None:
+        return _replay(plan, wl)
     out = [f"workload {wl.name}: {wl.iterations} iterations; DP {wl.data} x PP {wl.pipeline} x TP {wl.tensor}; "
            f"compute forward {format_duration(wl.forward_ns)} + backward {format_duration(wl.backward_ns)}"
            + (f" per micro-batch, {wl.micro_batches} micro-batches ({wl.pipeline_schedule})" if wl.pipeline > 1
@@ -121,6 +122,25 @@ def _workload(plan, wl) -> list:
            + f"; gradients {format_size(wl.gradient_bytes)} ({wl.gradient_source}) in "
              f"{len(wl.allreduce_bytes)} bucket(s) by {wl.algorithm}; RoCE MTU {wl.mtu_bytes}; "
              f"DCQCN {'on' if wl.dcqcn else 'off'}"]
+    return out + _transport(plan, wl) + _ranks_and_bytes(plan, wl)
+
+
+def _replay(plan, wl) -> list:
+    tp, trace = plan.training, wl.chakra
+    ideal = tp.ideal
+    out = [f"workload {wl.name}: Chakra trace {trace.prefix} replayed, {len(trace.ranks)} ranks, {wl.iterations} "
+           f"iteration(s); RoCE MTU {wl.mtu_bytes}; DCQCN {'on' if wl.dcqcn else 'off'}",
+           f"  ideal iteration {format_duration(ideal['iteration_ns'])} (the trace's critical path: compute "
+           f"{format_duration(ideal['compute_ns'])}, NVLink {format_duration(ideal['tensor_parallel_ns'])}, fabric "
+           f"{format_duration(ideal['data_parallel_ns'])})"]
+    kinds = Counter((c["algorithm"], c["link"]) for c in tp.collectives if c["iteration"] == 0)
+    out.append("  collectives per iteration: " + ", ".join(
+        f"{n} {algo} on {link}" for (algo, link), n in sorted(kinds.items())) if kinds else "  no collectives")
+    return out + _transport(plan, wl) + _ranks_and_bytes(plan, wl)
+
+
+def _transport(plan, wl) -> list:
+    out = []
     how = {"flow": "one UDP source port per QP (ECMP pins each QP to a path)",
            "spray": "a new UDP source port every " + (f"{wl.spray_packets} packets" if wl.spray_packets > 1 else "packet"),
            "flowlet": f"a new UDP source port after {format_duration(wl.flowlet_gap_ns)} idle"}[wl.load_balancing]
@@ -129,14 +149,25 @@ def _workload(plan, wl) -> list:
                + ("; switches trim instead of dropping" if plan.scenario.queues.trim else ""))
     out.append(f"  load balancing {wl.load_balancing}: {wl.qps_per_connection} QP"
                f"{'s' if wl.qps_per_connection > 1 else ''} per connection, {how}")
+    return out
+
+
+def _ranks_and_bytes(plan, wl) -> list:
+    collectives, ranks = plan.training.collectives, plan.training.ranks
+    out = []
     if wl.pipeline > 1:
         out.append(f"  pipeline: {format_size(wl.pipeline_bytes)} of activations per micro-batch and hop")
     if wl.tensor > 1:
         out.append(f"  tensor parallel: AllReduce of {format_size(wl.tensor_bytes)} on NVLink after every "
                    f"forward and backward")
     mapping = wl.mapping if isinstance(wl.mapping, str) else "explicit list"
-    out.append(f"  ranks (mapping {mapping}): GPU, global rank, pipeline stage, data-parallel rank, tensor rank")
-    for name, r in ranks.items():
+    if wl.chakra is not None:
+        out.append(f"  ranks (mapping {mapping}): GPU, the trace's rank")
+        out += [f"    {name:5} rank {r['rank']:<4} server {plan.host(name).server} GPU {plan.host(name).local_rank} on "
+                f"{plan.host(name).leaf}" for name, r in ranks.items()]
+    else:
+        out.append(f"  ranks (mapping {mapping}): GPU, global rank, pipeline stage, data-parallel rank, tensor rank")
+    for name, r in ranks.items() if wl.chakra is None else ():
         h = plan.host(name)
         out.append(f"    {name:5} rank {r['rank']:<3} stage {r['stage']:<2} dp {r['dp']:<3} "
                    f"tp {r['tp']:<2} server {h.server} GPU {h.local_rank} on {h.leaf}")
@@ -174,4 +205,12 @@ def iteration_bytes(training, wl) -> tuple[int, int]:
             fabric, nvlink = fabric + sent["fabric"], nvlink + sent["nvlink"]
     if wl.pipeline > 1:  # per chain and micro-batch, one hop forward and one back per stage boundary
         fabric += wl.pipeline_bytes * wl.micro_batches * 2 * (wl.pipeline - 1) * wl.data * wl.tensor
+    if wl.chakra is not None:  # a replay's point-to-point messages, from its ops
+        for ops in training.ops.values():
+            for op in ops:
+                if op.iteration == 0 and op.kind == "send" and op.collective < 0:
+                    if op.link == "nvlink":
+                        nvlink += op.bytes
+                    else:
+                        fabric += op.bytes
     return fabric, nvlink

@@ -17,7 +17,7 @@ PURE = ("config", "model", "wire", "analysis", "views")
 # where each heavy dependency may be imported (package or module)
 HOMES = {"mininet": ("apply/fabric.py",), "os_ken": ("controller/app.py", "controller/__main__.py"),
          "pyroute2": ("apply/tc.py",), "scapy": ("wire/reference.py",), "pandas": ("analysis/results.py",),
-         "plotly": ("analysis/report.py",)}
+         "plotly": ("analysis/report.py",), "google": ("wire/chakra.py",)}
 BLOCKER = f"""
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
