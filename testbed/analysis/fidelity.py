@@ -158,6 +158,8 @@ def reordering(r) -> dict | None:
         return None  # spraying and flowlets send a QP's packets over several paths: they reorder
     if r.plan.get("routing", "ecmp") == "adaptive":
         return None  # so does adaptive routing: each packet takes the least occupied port
+    if r.extra.get("link_events"):
+        return None  # a link went down: what was on it is lost, and rerouted flows change path mid-stream
     n = int(qps.out_of_order_received.fillna(0).sum())
     lost = int(r.nics.udp_receive_errors.fillna(0).sum()) if "udp_receive_errors" in r.nics else 0
     cause = (f"the GPUs' receive sockets dropped {lost} packets (an agent did not read in time)" if lost else

@@ -55,6 +55,7 @@ def summary(r) -> dict:
         "ecmp": _ecmp(r),
         "fairness": _fairness(r),
         "transport": r.extra.get("transport", {}),
+        "link_events": r.extra.get("link_events", []),
         "references": _references(r),
     }
     out["run"]["complete"], out["run"]["incomplete_because"] = _completeness(r, out)

@@ -111,7 +111,8 @@ def load(run_dir) -> Results:
                    pfc_ports=pfc_ports, extra={"transport": summary.get("transport", {}),
                                                "ideal": summary.get("ideal", {}),
                                                "incomplete_iterations": summary.get("incomplete_iterations", []),
-                                               "incomplete_collectives": summary.get("incomplete_collectives", 0)})
+                                               "incomplete_collectives": summary.get("incomplete_collectives", 0),
+                                               "link_events": summary.get("link_events", [])})
 
 
 def _with_real_time(df: pd.DataFrame, dilation: float, t0) -> pd.DataFrame:

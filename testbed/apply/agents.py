@@ -42,13 +42,16 @@ class Agents:
             raise
         return self
 
-    def train(self, timeout_s: float, progress=None) -> int:
+    def train(self, timeout_s: float, progress=None, on_start=None) -> int:
         """Start every agent on one deadline and wait until all are done; returns the start
-        time (CLOCK_MONOTONIC ns). ``progress``: a ``Progress`` to update while waiting."""
+        time (CLOCK_MONOTONIC ns). ``progress``: a ``Progress`` to update while waiting;
+        ``on_start(start_ns)``: called once the agents have their start time."""
         start_ns = time.monotonic_ns() + int(START_MARGIN_S * 1e9)
         deadline_ns = start_ns + int(timeout_s * 1e9)
         for child in self.children:
             child.send(f"{start_ns} {deadline_ns}")
+        if on_start:
+            on_start(start_ns)
         end = time.monotonic() + timeout_s + START_MARGIN_S + 5
         for child in self.children:
             child.expect("done", end, f"{child.name} to finish its schedule", tick=progress.tick if progress else None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from testbed.config import workload as traffic_schema
+from testbed.config import events as event_schema, workload as traffic_schema
 from testbed import units
 from testbed.config.checker import Checker, show as _show
 from testbed.config.source import NAME_RE, Origins, resolve
@@ -117,6 +117,7 @@ class Scenario:
     seed: int
     resolved: dict = field(compare=False, repr=False)  # the document as validated (for the manifest)
     origins: Origins | None = field(default=None, compare=False, repr=False)  # where each value came from
+    events: tuple = ()  # config.events.Event: links down and up while it trains
 
     def where(self, path: tuple) -> str:
         """``file: yaml.path`` (or ``--set ...``) of a value, for problems found after validation."""
@@ -134,7 +135,7 @@ def load(ref: str | None = None, overrides: list[str] | tuple = ()) -> Scenario:
 
 
 _SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "workload", "dilation",
-                  "datapath", "seed", "report")
+                  "datapath", "seed", "report", "events")
 _FABRIC_KEYS = {
     "leaf-spine": ("kind", "description", "spines", "leaves", "hosts_per_leaf", "gpus_per_server",
                    "host_link", "uplinks", "nvlink", "routing"),
@@ -182,11 +183,17 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     datapath = c.choice(doc, "datapath", (), DATAPATHS, "auto")
     seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
     _validate_report(c, doc.get("report"), ("report",))
+    events = event_schema.validate(c, doc.get("events"), ("events",))
+    if events and workload is None:
+        c.problem(("events",), "events happen while the fabric trains: give the scenario a workload (traffic:)")
+    if events and fabric is not None and fabric.routing == "adaptive":
+        c.problem(("events",), "link events with fabric.routing: adaptive are not built (the decision tables "
+                               "would keep choosing a dead port); use ecmp")
     if c.problems:
         raise ConfigError(c.problems)
     return Scenario(name=name, description=description.strip(), source=source, topology_source=topology_source,
                     fabric=fabric, queues=queues, traffic=traffic, workload=workload, dilation=dilation, datapath=datapath,
-                    seed=seed, resolved=doc, origins=origins)
+                    seed=seed, resolved=doc, origins=origins, events=events)
 
 
 def _validate_report(c: Checker, doc, path: tuple):

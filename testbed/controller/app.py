@@ -86,6 +86,10 @@ class TestbedController(app_manager.OSKenApp):
     @fatal_on_error
     def on_barrier(self, ev):
         for out in self.logic.barrier_reply(ev.msg.datapath.id, time.monotonic()):
+            if isinstance(out, routing.RerouteDone):
+                self.event_log.write("reroute_done", switches=list(out.switches), flows=out.flows,
+                                     groups=out.groups, seconds=out.seconds, down=list(out.down))
+                continue
             self.event_log.write("switch_ready", dpid=out.dpid, name=out.name, flows=out.flows,
                               groups=out.groups, seconds=out.seconds)
         if self.logic.all_ready:
@@ -126,6 +130,20 @@ class TestbedController(app_manager.OSKenApp):
     def on_flow_stats(self, ev):
         name = self.logic.switches[ev.msg.datapath.id]["name"]
         self.collector.write("ecn", telemetry.ecn_records(time.monotonic_ns(), name, ev.msg.body))
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    @fatal_on_error
+    def on_port_status(self, ev):
+        """A port went down or came back (a pulled cable: ``testbed.apply.events``): reroute."""
+        msg = ev.msg
+        ofp, desc = msg.datapath.ofproto, msg.desc
+        live = not (desc.state & ofp.OFPPS_LINK_DOWN) and not (desc.config & ofp.OFPPC_PORT_DOWN)
+        now = time.monotonic()
+        changes = self.logic.port_status(msg.datapath.id, desc.port_no, live, now)
+        self.event_log.write("port_status", dpid=msg.datapath.id, port=desc.port_no, live=live,
+                             reroute=[self.logic.switches[dp]["name"] for dp, _ in changes])
+        for dpid, msgs in changes:
+            self._send(self.datapaths[dpid], msgs)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     @fatal_on_error

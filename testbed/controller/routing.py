@@ -22,12 +22,23 @@ Program installed on every switch (OpenFlow 1.3):
   control class, anything without a decision) still take the select group;
 - no table-miss entry: anything else (ARP, IPv6) is dropped; hosts use static
   neighbour entries, so nothing needs flooding and no packet reaches the controller.
+
+When a fabric port goes down or comes back (OpenFlow port status), the routes are computed
+again from the plan's links without the dead ones (``model.routes.compute``, the same
+shortest paths the plan made) and every switch whose routes changed gets, make before
+break, a new select group for each new port set, then its changed route flows overwritten
+to use them (an OpenFlow add with the same match and priority replaces a flow in place),
+then a barrier; when every such switch has confirmed, the reroute is done. OVS's select
+groups do not watch their ports, so until then packets hashed to a dead port are lost.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from types import SimpleNamespace
+
+from testbed.model import routes as planned_routes
 
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_MAC_CONTROL = 0x8808
@@ -78,6 +89,23 @@ class SwitchReady:
     seconds: float  # connect -> barrier reply
 
 
+@dataclass(frozen=True)
+class RerouteDone:
+    """Event: every switch whose routes a port change altered has confirmed its new ones."""
+
+    switches: tuple  # names
+    flows: int
+    groups: int
+    seconds: float  # the port status that started it -> the last barrier reply
+    down: tuple  # fabric links down now, by their first end's interface
+
+
+def route_flow(prefix: str, out: tuple) -> FlowAdd:
+    net = ipaddress.ip_network(prefix)
+    match = (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (str(net.network_address), str(net.netmask))))
+    return FlowAdd(PRIORITY_ROUTE_BASE + net.prefixlen, match, (("dec_nw_ttl",), out), table=ROUTE_TABLE)
+
+
 def switch_program(routes: list[dict], in_ports=(), adaptive: bool = False) -> list:
     """Messages that program one switch from its planned routes
     (``{"prefix": "10.0.2.0/24", "ports": [9, 10]}``) and its fabric ports (ECN counting);
@@ -96,11 +124,8 @@ def switch_program(routes: list[dict], in_ports=(), adaptive: bool = False) -> l
                                 goto=ROUTE_TABLE))
     for r in sorted(routes, key=lambda r: (ipaddress.ip_network(r["prefix"]).prefixlen, r["prefix"]),
                     reverse=True):
-        net = ipaddress.ip_network(r["prefix"])
         ports = tuple(sorted(r["ports"]))
-        out = ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0])
-        match = (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (str(net.network_address), str(net.netmask))))
-        msgs.append(FlowAdd(PRIORITY_ROUTE_BASE + net.prefixlen, match, (("dec_nw_ttl",), out), table=ROUTE_TABLE))
+        msgs.append(route_flow(r["prefix"], ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0])))
     if adaptive:
         for port in sorted({p for ports in groups for p in ports}):
             match = (("eth_type", ETH_TYPE_IPV4), ("vlan_vid", OFPVID_PRESENT | port))
@@ -116,13 +141,20 @@ class FabricController:
 
     def __init__(self, plan: dict):
         self.switches = {s["dpid"]: s for s in plan["switches"]}
-        self.routes: dict[str, list] = {}
+        self.routes: dict[str, dict] = {}  # switch -> {prefix: ports} as programmed now
         for r in plan["routes"]:
-            self.routes.setdefault(r["switch"], []).append(r)
+            self.routes.setdefault(r["switch"], {})[r["prefix"]] = tuple(sorted(r["ports"]))
         self.ports: dict[str, list] = {}
+        self.link_at: dict[tuple, dict] = {}  # (switch, port) -> the fabric link there
         for link in plan.get("links", []):
             for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"])):
                 self.ports.setdefault(node, []).append(port)
+                if node in {s["name"] for s in plan["switches"]} and link["kind"] == "uplink":
+                    self.link_at[(node, port)] = link
+        self.graph = _graph(plan)
+        self.down: set = set()  # fabric links down, by their first end's interface
+        self.next_group = {name: 1 + len({p for p in r.values() if len(p) > 1}) for name, r in self.routes.items()}
+        self.reroute: dict | None = None
         self.adaptive = plan.get("routing", "ecmp") == "adaptive"
         self.pending: dict[int, tuple[float, int, int]] = {}
         self.ready: set[int] = set()
@@ -133,16 +165,68 @@ class FabricController:
         sw = self.switches.get(dpid)
         if sw is None:
             return []
-        msgs = switch_program(self.routes.get(sw["name"], []), self.ports.get(sw["name"], ()), self.adaptive)
+        routes = [{"prefix": prefix, "ports": ports} for prefix, ports in self.routes.get(sw["name"], {}).items()]
+        msgs = switch_program(routes, self.ports.get(sw["name"], ()), self.adaptive)
+        self.next_group[sw["name"]] = 1 + sum(isinstance(m, GroupAdd) for m in msgs)
         flows = sum(isinstance(m, FlowAdd) for m in msgs)
         groups = sum(isinstance(m, GroupAdd) for m in msgs)
         self.pending[dpid] = (now, flows, groups)
         self.ready.discard(dpid)
         return msgs
 
+    def port_status(self, dpid: int, port: int, live: bool, now: float) -> list:
+        """A switch port went down or came back: [(dpid, messages), ...] for every switch
+        whose routes change (empty if the port is not a fabric link's or nothing changed)."""
+        sw = self.switches.get(dpid)
+        link = self.link_at.get((sw["name"], port)) if sw else None
+        if link is None:
+            return []
+        key = link["a_intf"]
+        if live == (key not in self.down):
+            return []  # the other end already told us
+        (self.down.discard if live else self.down.add)(key)
+        fresh: dict[str, dict] = {}
+        for r in planned_routes.compute(self.graph["switches"], self.graph["hosts"],
+                                        [lk for lk in self.graph["links"] if lk.a_intf not in self.down],
+                                        self.graph["leaves"]):
+            fresh.setdefault(r.switch, {})[r.prefix] = r.ports
+        out = []
+        for dp, s in sorted(self.switches.items()):
+            name = s["name"]
+            changed = {p: ports for p, ports in fresh.get(name, {}).items() if self.routes[name].get(p) != ports}
+            if not changed:
+                continue
+            msgs, groups = [], {}
+            for ports in sorted(set(changed.values())):
+                if len(ports) > 1:
+                    groups[ports] = self.next_group[name]
+                    self.next_group[name] += 1
+                    msgs.append(GroupAdd(groups[ports], ports))
+            msgs += [route_flow(p, ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0]))
+                     for p, ports in sorted(changed.items())]
+            msgs.append(Barrier())
+            self.routes[name].update(changed)
+            out.append((dp, msgs))
+        if out:
+            r = self.reroute or {"started": now, "pending": set(), "switches": set(), "flows": 0, "groups": 0}
+            r["pending"] |= {dp for dp, _ in out}
+            r["switches"] |= {self.switches[dp]["name"] for dp, _ in out}
+            r["flows"] += sum(isinstance(m, FlowAdd) for _, msgs in out for m in msgs)
+            r["groups"] += sum(isinstance(m, GroupAdd) for _, msgs in out for m in msgs)
+            self.reroute = r
+        return out
+
     def barrier_reply(self, dpid: int, now: float) -> list:
         if dpid not in self.pending:
-            return []
+            r = self.reroute
+            if r is None or dpid not in r["pending"]:
+                return []
+            r["pending"].discard(dpid)
+            if r["pending"]:
+                return []
+            self.reroute = None
+            return [RerouteDone(tuple(sorted(r["switches"])), r["flows"], r["groups"], now - r["started"],
+                                tuple(sorted(self.down)))]
         started, flows, groups = self.pending.pop(dpid)
         self.ready.add(dpid)
         return [SwitchReady(dpid, self.switches[dpid]["name"], flows, groups, now - started)]
@@ -155,4 +239,13 @@ class FabricController:
     @property
     def all_ready(self) -> bool:
         return self.ready == set(self.switches)
+
+
+def _graph(plan: dict) -> dict:
+    """The plan's switches, GPUs and links as the objects ``model.routes.compute`` walks."""
+    switches = [SimpleNamespace(**s) for s in plan["switches"]]
+    links = [SimpleNamespace(**lk) for lk in plan.get("links", [])]
+    hosts = [SimpleNamespace(**h, addr=h["ip"].split("/")[0]) for h in plan.get("hosts", [])]
+    leaves = sorted((s for s in switches if s.role == "leaf"), key=lambda s: s.index)
+    return {"switches": switches, "links": links, "hosts": hosts, "leaves": leaves}
 

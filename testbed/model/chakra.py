@@ -20,6 +20,7 @@ line naming the file and the node id.
 
 from __future__ import annotations
 
+import glob
 import heapq
 import json
 from dataclasses import dataclass
@@ -88,11 +89,9 @@ def rank_files(prefix: str) -> list:
         raise TraceError(f"{prefix[:80]!r}: not a path prefix")
     base = resolve_prefix(prefix)
     folder = base.parent
-    if not folder.is_dir():
-        raise TraceError(f"{prefix}.0.et: no such file (folder {folder} not found)")
     found = {}
     stem = base.name + "."
-    for path in folder.glob(f"{base.name}.*.et"):
+    for path in folder.glob(f"{glob.escape(base.name)}.*.et") if folder.is_dir() else ():
         middle = path.name[len(stem):-3]
         if middle.isdigit():
             found[int(middle)] = path

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 
 from testbed import units
 from testbed.config.scenario import Fabric, Scenario
-from testbed.model import limits, pfc, queues, routes as routing
+from testbed.model import events as link_events, limits, pfc, queues, routes as routing
 from testbed.model.training import TrainingPlan, plan_training
 
 # Forwarding the host can give the emulated fabric, in emulated bits/s x switch hops.
@@ -123,6 +123,7 @@ class Plan:
     training: TrainingPlan | None = None  # None: the run only proves reachability
     telemetry: Telemetry | None = None
     link_delay: bool = False  # cable delay emulated (netem): the ideal counts propagation
+    events: tuple = ()  # model.events.LinkEvent: links down and up while it trains
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -244,7 +245,7 @@ def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
                                     int(dilation.duration_ns(telemetry_interval_real_ns))),
                 link_delay=link_delay)
     table = plan.route_table()
-    plan = replace(plan, queues=_queues(plan, table))
+    plan = replace(plan, queues=_queues(plan, table), events=link_events.resolve(scenario, links))
     limits.check(plan)
     if scenario.workload is not None:
         plan = replace(plan, training=plan_training(plan, scenario.workload, table))

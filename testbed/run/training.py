@@ -8,8 +8,10 @@ import logging
 import time
 
 from testbed import units
+from testbed.analysis import failures
 from testbed.analysis.training import load_records, summarise
 from testbed.apply.agents import Agents
+from testbed.apply.events import LinkEvents
 from testbed.views.progress import Progress
 
 LOG = logging.getLogger(__name__)
@@ -25,7 +27,8 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
     ideal_emulated_s = tp.iterations * plan.dilation.duration_ns(tp.ideal["iteration_ns"]) / 1e9
     progress = None
     try:
-        with Agents(fab, list(tp.ranks), plan_path, records_dir, record) as agents:
+        with LinkEvents(plan.events, plan.dilation, run_dir) as events, \
+                Agents(fab, list(tp.ranks), plan_path, records_dir, record) as agents:
             if wl.chakra is not None:
                 LOG.info("training: Chakra trace %s replayed on %d GPUs, %d iterations, %d collectives; ideal %s per "
                          "iteration (%.1fs emulated in all)", wl.chakra.prefix, len(tp.ranks), tp.iterations,
@@ -36,13 +39,17 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
                          tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
                          units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
             progress = Progress(tp.ops, records_dir, tp.iterations)
-            agents.train(timeout_s=max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s), progress=progress)
+            agents.train(timeout_s=max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s), progress=progress,
+                         on_start=events.start)
+            events.check()
     finally:
         if progress is not None:
             progress.close()
         # after the agents have exited: their per-QP counters are the last lines they write
         timings["training"] = round(time.monotonic() - t0, 3)
-        summary = summarise(load_records(records_dir), plan.training.to_dict(), plan.dilation.factor)
+        records = load_records(records_dir)
+        summary = summarise(records, plan.training.to_dict(), plan.dilation.factor)
+        summary["link_events"] = failures.summarise(run_dir, records, summary["iterations"], plan.dilation.factor)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     t = summary["transport"]
     LOG.info("training done: %d iterations, %d packets, %d retransmitted, %d CNPs", len(summary["iterations"]),

@@ -1,0 +1,77 @@
+"""What each link event cost (pure, from the run's files): when it happened, how long the
+controller took to reroute (real time here, and what that is on the real fabric), which
+iteration it fell in, and how much longer that iteration took than the others.
+
+Every time is CLOCK_MONOTONIC on this machine: the event file's ``t_ns`` (apply.events),
+the controller's ``t_mono`` (seconds) and the agents' op records (``ready_ns``/``end_ns``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.jsonlines import read_events
+
+
+def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -> list:
+    """One row per link event, in order; [] when the run had none."""
+    events = read_events(run_dir / "link-events.jsonl") if (run_dir / "link-events.jsonl").exists() else []
+    if not events:
+        return []
+    ctl = read_events(run_dir / "controller-events.jsonl")
+    spans = _iteration_spans(records)
+    hit = {}
+    rows = []
+    for i, e in enumerate(events):
+        t_s = e["t_ns"] / 1e9
+        nxt = events[i + 1]["t_ns"] / 1e9 if i + 1 < len(events) else float("inf")
+        done = next((c for c in ctl if c.get("event") == "reroute_done" and t_s <= c["t_mono"] < nxt), None)
+        seen = [c for c in ctl if c.get("event") == "port_status" and t_s <= c["t_mono"] < nxt]
+        it = next((k for k, (a, b) in sorted(spans.items()) if a <= e["t_ns"] <= b), None)
+        row = {"event": e["event"], "link": e["link"], "intfs": e["intfs"], "at_real_ns": e["at_real_ns"],
+               "late_emulated_ns": e["late_ns"], "iteration": it,
+               "port_status_messages": len(seen),
+               "detect_emulated_ns": (seen[0]["t_mono"] - t_s) * 1e9 if seen else None,
+               "reroute_emulated_ns": (done["t_mono"] - t_s) * 1e9 if done else None,
+               "rerouted_switches": done["switches"] if done else [],
+               "flows_changed": done["flows"] if done else 0, "groups_added": done["groups"] if done else 0}
+        for key in ("detect", "reroute"):
+            v = row[f"{key}_emulated_ns"]
+            row[f"{key}_real_ns"] = v / dilation if v is not None else None
+        rows.append(row)
+        if it is not None:
+            hit.setdefault(it, []).append(i)
+    steps = {i["iteration"]: i["step_ns"] for i in iterations}
+    calm = sorted(v for k, v in steps.items() if k not in hit)
+    base = calm[len(calm) // 2] if calm else None
+    for row in rows:
+        step = steps.get(row["iteration"])
+        row["iteration_step_ns"] = step
+        row["other_iterations_median_step_ns"] = base
+        row["stretch"] = step / base if step and base else None
+    return rows
+
+
+def _iteration_spans(records: list) -> dict:
+    """Iteration -> (first op ready, last op end), CLOCK_MONOTONIC ns, over every GPU."""
+    spans = {}
+    for r in records:
+        if r.get("type") != "op":
+            continue
+        a, b = spans.get(r["iteration"], (r["ready_ns"], r["end_ns"]))
+        spans[r["iteration"]] = (min(a, r["ready_ns"]), max(b, r["end_ns"]))
+    return spans
+
+
+def sentence(rows: list, transport: dict, fmt_d) -> str:
+    """What the failures cost, for the terminal summary."""
+    parts = []
+    for r in rows:
+        where = f"in iteration {r['iteration'] + 1}" if r["iteration"] is not None else "between iterations"
+        took = (f"the controller rerouted {len(r['rerouted_switches'])} switches in {fmt_d(r['reroute_real_ns'])} "
+                f"of fabric time" if r["reroute_real_ns"] is not None else "no reroute was recorded")
+        stretch = (f"; that iteration took x{r['stretch']:.2f} the others' median" if r["stretch"] else "")
+        parts.append(f"link {r['link']} {r['event'].split('_')[1]} {where}: {took}{stretch}")
+    lost = (f" {transport.get('retransmitted', 0)} packets were retransmitted ({transport.get('timeouts', 0)} "
+            f"timeouts)." if transport else "")
+    return "Link events: " + "; ".join(parts) + "." + lost

@@ -1,0 +1,103 @@
+"""Link failures, the pure parts: events resolved on the plan, the controller's reroute
+(make before break, only the switches that change, back to the plan on link up) and what a
+failure cost, from the files a run writes."""
+
+import json
+
+import pytest
+
+from testbed.analysis import failures
+from testbed.config import scenario
+from testbed.controller import routing
+from testbed.errors import ConfigError
+from testbed.model import plan as planning
+
+
+def programmed(sets=()):
+    """The collisions fabric (2 leaves x 4 uplinks, 2 spines) with every switch programmed."""
+    p = planning.build(scenario.load("collisions", list(sets))).to_dict()
+    fc = routing.FabricController(p)
+    for dp in fc.switches:
+        fc.switch_connected(dp, 0.0)
+        fc.barrier_reply(dp, 0.0)
+    by_name = {s["name"]: dp for dp, s in fc.switches.items()}
+    return fc, by_name
+
+
+def test_a_dead_uplink_is_routed_around_make_before_break():
+    fc, dp = programmed()
+    before = {k: dict(v) for k, v in fc.routes.items()}
+    out = dict(fc.port_status(dp["leaf1"], 5, False, 10.0))  # leaf1-eth5 -> spine1-eth1
+    assert {fc.switches[d]["name"] for d in out} == {"leaf1", "spine1"}
+    leaf1 = out[dp["leaf1"]]
+    group = next(m for m in leaf1 if isinstance(m, routing.GroupAdd))
+    assert group.ports == (6, 7, 8) and group.group_id == 2  # a new group: the old one still forwards meanwhile
+    flow = next(m for m in leaf1 if isinstance(m, routing.FlowAdd))
+    assert flow.actions[-1] == ("group", 2) and dict(flow.match)["ipv4_dst"][0] == "10.0.2.0"
+    assert leaf1.index(group) < leaf1.index(flow) and isinstance(leaf1[-1], routing.Barrier)
+    # spine1 reaches leaf1 over its other link only
+    assert [m.actions[-1] for m in out[dp["spine1"]] if isinstance(m, routing.FlowAdd)] == [("output", 2)]
+    # the far end's report of the same link changes nothing more
+    assert fc.port_status(dp["spine1"], 1, False, 10.001) == []
+    # a GPU's port is not a fabric link
+    assert fc.port_status(dp["leaf1"], 1, False, 10.002) == []
+    assert fc.barrier_reply(dp["leaf1"], 10.2) == []
+    done = fc.barrier_reply(dp["spine1"], 10.25)
+    assert done == [routing.RerouteDone(("leaf1", "spine1"), 2, 1, pytest.approx(0.25), ("leaf1-eth5",))]
+    # plugged back: every switch's routes are the plan's again (in new groups)
+    back = dict(fc.port_status(dp["spine1"], 1, True, 20.0))
+    assert {fc.switches[d]["name"] for d in back} == {"leaf1", "spine1"}
+    assert fc.routes == before
+    assert [m.ports for m in back[dp["leaf1"]] if isinstance(m, routing.GroupAdd)] == [(5, 6, 7, 8)]
+
+
+def test_a_reconnecting_switch_gets_the_routes_of_now():
+    fc, dp = programmed()
+    fc.port_status(dp["leaf1"], 5, False, 1.0)
+    msgs = fc.switch_connected(dp["leaf1"], 2.0)
+    assert [m.ports for m in msgs if isinstance(m, routing.GroupAdd)] == [(6, 7, 8)]
+
+
+def test_events_name_links_of_the_plan():
+    p = planning.build(scenario.load("collisions", ["events=[{at: 1us, action: down, link: spine2-leaf2}, "
+                                                    "{at: 2us, action: up, link: leaf1-eth7}]"]))
+    assert [(e.action, e.intfs, e.peers) for e in p.events] == [("down", ("leaf2-eth6", "leaf2-eth8"),
+                                                                 ("spine2-eth3", "spine2-eth4")),
+                                                                ("up", ("leaf1-eth7",), ("spine1-eth2",))]
+    rnd = planning.build(scenario.load("collisions", ["events=[{at: 1us, action: down, link: random uplink}]"]))
+    assert len(rnd.events[0].intfs) == 1 and rnd.events[0].name.endswith(f"({rnd.events[0].intfs[0]})")
+    with pytest.raises(ConfigError, match="adaptive are not built"):
+        scenario.load("collisions", ["events=[{at: 1us, action: down, link: leaf1-spine1}]",
+                                     "fabric.routing=adaptive"])
+    with pytest.raises(ConfigError, match="give the scenario a workload"):
+        scenario.load("topologies/rail-2x4.yaml", ["events=[{at: 1us, action: down, link: leaf1-spine1}]"])
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_what_a_failure_cost_comes_from_the_runs_files(tmp_path):
+    s = 1_000_000_000  # CLOCK_MONOTONIC ns
+    write_jsonl(tmp_path / "link-events.jsonl", [
+        {"event": "link_down", "link": "leaf1-spine1", "intfs": ["leaf1-eth5"], "peers": ["spine1-eth1"],
+         "at_real_ns": 80_000, "due_ns": 14 * s, "t_ns": 14 * s + 2_000, "late_ns": 2_000}])
+    write_jsonl(tmp_path / "controller-events.jsonl", [
+        {"event": "switch_ready", "t_mono": 1.0},
+        {"event": "port_status", "t_mono": 14.003, "live": False},
+        {"event": "port_status", "t_mono": 14.004, "live": False},
+        {"event": "reroute_done", "t_mono": 14.010, "switches": ["leaf1", "spine1"], "flows": 2, "groups": 1}])
+    records = [{"type": "op", "iteration": it, "ready_ns": (10 + 5 * it) * s, "end_ns": (14 + 5 * it) * s + end}
+               for it, end in ((0, 0), (1, 0), (2, 0))]
+    records[0]["end_ns"] = 14 * s + s // 2  # iteration 0 ran past the event
+    iterations = [{"iteration": 0, "step_ns": 150_000}, {"iteration": 1, "step_ns": 100_000},
+                  {"iteration": 2, "step_ns": 100_000}]
+    rows = failures.summarise(tmp_path, records, iterations, dilation=50_000)
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["iteration"] == 0 and r["port_status_messages"] == 2
+    assert r["reroute_emulated_ns"] == pytest.approx(10e6 - 2_000, rel=1e-6)
+    assert r["reroute_real_ns"] == pytest.approx((10e6 - 2_000) / 50_000, rel=1e-6)
+    assert r["stretch"] == pytest.approx(1.5) and r["rerouted_switches"] == ["leaf1", "spine1"]
+    text = failures.sentence(rows, {"retransmitted": 40, "timeouts": 3}, lambda ns: f"{ns:.0f}ns")
+    assert "link leaf1-spine1 down in iteration 1" in text and "x1.50" in text and "40 packets" in text
