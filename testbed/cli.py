@@ -37,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cli", action="store_true", help="open the Mininet CLI after bring-up")
     p.add_argument("--pcap", default="", metavar="PORTS",
                    help="capture these ports into the run folder (comma-separated: leaf1-eth1,h1-eth0; bounded)")
+    p.add_argument("--isolate-baseline", action="store_true",
+                   help="with jobs: afterwards run each job alone on the same fabric, for its interference (JCT "
+                        "with the others / alone)")
     p.add_argument("--no-traffic", action="store_true",
                    help="bring the fabric up and prove reachability, but do not run the workload")
     p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
@@ -146,7 +149,7 @@ def main(argv=None) -> int:
 
             sc = _load(args)
             opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold,
-                                  train=not args.no_traffic, pcap=args.pcap)
+                                  train=not args.no_traffic, pcap=args.pcap, isolate_baseline=args.isolate_baseline)
             if args.telemetry_interval is not None:
                 opts.telemetry_interval_real_ns = _interval_ns(args.telemetry_interval)
             if args.results:

@@ -56,10 +56,26 @@ def summary(r) -> dict:
         "fairness": _fairness(r),
         "transport": r.extra.get("transport", {}),
         "link_events": r.extra.get("link_events", []),
+        "jobs": _jobs(r),
         "references": _references(r),
     }
     out["run"]["complete"], out["run"]["incomplete_because"] = _completeness(r, out)
     out["fidelity"] = fidelity.check(r)
+    return out
+
+
+def _jobs(r) -> dict:
+    """Several jobs: each one's JCT, step and bus bandwidth, and with ``--isolate-baseline``
+    its JCT alone and interference (JCT with the others / alone; 1.00: unaffected)."""
+    out = {}
+    for name, j in (r.extra.get("jobs") or {}).items():
+        row = {k: j.get(k) for k in ("gpus", "start_ns", "jct_ns", "mean_step_ns", "mean_ratio", "mean_busbw_bps")}
+        row["iterations"] = len(j.get("iterations", []))
+        base = (r.extra.get("baselines") or {}).get(name)
+        if base:
+            row.update(jct_alone_ns=base.get("jct_alone_ns"), interference=base.get("interference"),
+                       baseline_run=base.get("run_dir"), baseline_fidelity=base.get("fidelity"))
+        out[name] = row
     return out
 
 

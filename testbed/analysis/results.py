@@ -112,7 +112,9 @@ def load(run_dir) -> Results:
                                                "ideal": summary.get("ideal", {}),
                                                "incomplete_iterations": summary.get("incomplete_iterations", []),
                                                "incomplete_collectives": summary.get("incomplete_collectives", 0),
-                                               "link_events": summary.get("link_events", [])})
+                                               "link_events": summary.get("link_events", []),
+                                               "jobs": summary.get("jobs", {}),
+                                               "baselines": _json(run_dir / "baselines.json")})
 
 
 def _with_real_time(df: pd.DataFrame, dilation: float, t0) -> pd.DataFrame:
@@ -177,3 +179,8 @@ def _ecn(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
         peers[link["b_intf"]] = link["a"]
     wide["peer"] = wide.intf.map(peers)
     return wide.sort_values(["intf", "t_ns"]).reset_index(drop=True)
+
+
+def _json(path: Path) -> dict:
+    """A small JSON file of the run folder, or {} when it is not there."""
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -89,3 +89,28 @@ def _transport(records: list, dilation: float) -> dict:
     totals["pause_frames_received"] = sum(n.get("pause_frames_received", 0) for n in nics)
     totals["paused_real_ns"] = sum(n.get("paused_ns", 0) for n in nics) / dilation
     return totals
+
+
+def summarise_jobs(records: list, training: dict, dilation: float) -> dict:
+    """Per job of a run with several (``jobs:``): its own iterations, collectives and JCT
+    (first op of its first iteration ready -> last op done, real-fabric time; a late
+    start's wait is not in it), from its GPUs' records alone."""
+    out = {}
+    for name, job in (training.get("jobs") or {}).items():
+        gpus = set(job["gpus"])
+        mine = [r for r in records if r.get("gpu") in gpus]
+        s = summarise(mine, {**training, "ops": {g: o for g, o in training["ops"].items() if g in gpus},
+                             "collectives": [c for c in training["collectives"] if c.get("job") == name],
+                             "ideal": job["ideal"], "iterations": job["iterations"]}, dilation)
+        ops = [r for r in mine if r.get("type") == "op" and r["iteration"] >= 0]
+        done = len(s["iterations"]) == job["iterations"]
+        dp = [c["busbw_bps"] for c in s["collectives"] if c.get("busbw_bps")]
+        steps = [i["step_ns"] for i in s["iterations"]]
+        out[name] = {"gpus": job["gpus"], "start_ns": job["start_ns"], "traffic": job.get("traffic"),
+                     "iterations": s["iterations"], "incomplete_iterations": s["incomplete_iterations"],
+                     "jct_ns": (max(o["end_ns"] for o in ops) - min(o["ready_ns"] for o in ops)) / dilation
+                     if done and ops else None,
+                     "mean_step_ns": sum(steps) / len(steps) if steps else None,
+                     "mean_ratio": sum(i["ratio"] for i in s["iterations"]) / len(steps) if steps else None,
+                     "mean_busbw_bps": sum(dp) / len(dp) if dp else None, "collectives": len(s["collectives"])}
+    return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from testbed.config import events as event_schema, workload as traffic_schema
+from testbed.config import events as event_schema, jobs as job_schema, workload as traffic_schema
 from testbed import units
 from testbed.config.checker import Checker, show as _show
 from testbed.config.source import NAME_RE, Origins, resolve
@@ -118,6 +118,7 @@ class Scenario:
     resolved: dict = field(compare=False, repr=False)  # the document as validated (for the manifest)
     origins: Origins | None = field(default=None, compare=False, repr=False)  # where each value came from
     events: tuple = ()  # config.events.Event: links down and up while it trains
+    jobs: tuple = ()  # config.jobs.Job: several jobs on the fabric (then ``workload`` is None)
 
     def where(self, path: tuple) -> str:
         """``file: yaml.path`` (or ``--set ...``) of a value, for problems found after validation."""
@@ -135,7 +136,7 @@ def load(ref: str | None = None, overrides: list[str] | tuple = ()) -> Scenario:
 
 
 _SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "workload", "dilation",
-                  "datapath", "seed", "report", "events")
+                  "datapath", "seed", "report", "events", "jobs")
 _FABRIC_KEYS = {
     "leaf-spine": ("kind", "description", "spines", "leaves", "hosts_per_leaf", "gpus_per_server",
                    "host_link", "uplinks", "nvlink", "routing"),
@@ -167,6 +168,12 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     if doc.get("workload") is not None:
         gpus = sum(leaf.hosts for leaf in fabric.leaves) if fabric else None
         workload = traffic_schema.validate(c, doc["workload"], ("workload",), gpus)
+    jobs = ()
+    if doc.get("jobs") is not None:
+        if doc.get("workload") is not None:
+            c.problem(("jobs",), "give either jobs or traffic/workload, not both")
+        jobs = job_schema.validate(c, doc["jobs"], ("jobs",), sum(leaf.hosts for leaf in fabric.leaves)
+                                   if fabric else None)
     dilation = doc.get("dilation", "auto")
     if isinstance(dilation, str) and dilation != "auto":
         try:  # YAML reads 1e7 (no dot, no sign) as text
@@ -184,7 +191,7 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
     _validate_report(c, doc.get("report"), ("report",))
     events = event_schema.validate(c, doc.get("events"), ("events",))
-    if events and workload is None:
+    if events and workload is None and not jobs:
         c.problem(("events",), "events happen while the fabric trains: give the scenario a workload (traffic:)")
     if events and fabric is not None and fabric.routing == "adaptive":
         c.problem(("events",), "link events with fabric.routing: adaptive are not built (the decision tables "
@@ -193,7 +200,7 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
         raise ConfigError(c.problems)
     return Scenario(name=name, description=description.strip(), source=source, topology_source=topology_source,
                     fabric=fabric, queues=queues, traffic=traffic, workload=workload, dilation=dilation, datapath=datapath,
-                    seed=seed, resolved=doc, origins=origins, events=events)
+                    seed=seed, resolved=doc, origins=origins, events=events, jobs=jobs)
 
 
 def _validate_report(c: Checker, doc, path: tuple):

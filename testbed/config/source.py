@@ -212,6 +212,33 @@ def _apply_set(doc: dict, path: tuple, value, text: str):
 CHAKRA = "chakra:"
 
 
+def _workload(traffic_ref, overrides, target: dict, origins: Origins, path: tuple, scenario_label: str):
+    """``target["workload"]`` from a ``traffic:`` reference (a file in traffic/, or a Chakra
+    trace) with a ``workload:`` mapping of overrides merged in; ``path`` is where ``target``
+    sits in the resolved document (``()`` or ``("jobs", i)``)."""
+    where = f"{scenario_label}: {format_path(path + ('traffic',))}"
+    if isinstance(traffic_ref, str) and traffic_ref.startswith(CHAKRA):
+        # a Chakra trace (PREFIX.<rank>.et) replayed as the workload (config.workload._chakra)
+        prefix = traffic_ref[len(CHAKRA):]
+        target["traffic"] = traffic_ref
+        target["workload"] = {"name": _trace_name(prefix), "chakra": {"prefix": prefix}}
+        origins.add(path + ("workload",), f"{where} {traffic_ref}")
+    elif traffic_ref is not None:
+        if not isinstance(traffic_ref, str):
+            raise ConfigError(f"{where}: expected the name of a file in traffic/, got {traffic_ref!r}")
+        traffic_path = _find(traffic_ref, TRAFFIC_DIR, "workload", where)
+        traffic_label = _display(traffic_path)
+        target["traffic"] = traffic_label
+        target["workload"] = _read_yaml(traffic_path, traffic_label)
+        origins.add(path + ("workload",), traffic_label)
+    if isinstance(overrides, dict):
+        target.setdefault("workload", {})
+        _deep_merge(target["workload"], overrides, origins, path + ("workload",), scenario_label, path + ("workload",))
+    elif overrides is not None:
+        raise ConfigError(f"{scenario_label}: {format_path(path + ('workload',))}: expected a mapping of workload "
+                          f"fields to override")
+
+
 def _trace_name(prefix: str) -> str:
     """A workload name from a trace prefix: ``chakra/dp8/step`` -> ``dp8-step``."""
     parts = [p for p in Path(prefix).parts[-2:] if p not in ("/", "..", ".")]
@@ -250,26 +277,7 @@ def resolve(ref: str | None = None, overrides: list[str] | tuple = ()) -> tuple:
         _deep_merge(resolved["fabric"], doc["fabric"], origins, ("fabric",), scenario_label, ("fabric",))
     elif doc.get("fabric") is not None:
         raise ConfigError(f"{scenario_label}: fabric: expected a mapping of topology fields to override")
-    traffic_ref = doc.get("traffic")
-    if isinstance(traffic_ref, str) and traffic_ref.startswith(CHAKRA):
-        # a Chakra trace (PREFIX.<rank>.et) replayed as the workload (config.workload._chakra)
-        prefix = traffic_ref[len(CHAKRA):]
-        resolved["traffic"] = traffic_ref
-        resolved["workload"] = {"name": _trace_name(prefix), "chakra": {"prefix": prefix}}
-        origins.add(("workload",), f"{scenario_label}: traffic {traffic_ref}")
-    elif traffic_ref is not None:
-        if not isinstance(traffic_ref, str):
-            raise ConfigError(f"{scenario_label}: traffic: expected the name of a file in traffic/, got {traffic_ref!r}")
-        traffic_path = _find(traffic_ref, TRAFFIC_DIR, "workload", f"{scenario_label}: traffic")
-        traffic_label = _display(traffic_path)
-        resolved["traffic"] = traffic_label
-        resolved["workload"] = _read_yaml(traffic_path, traffic_label)
-        origins.add(("workload",), traffic_label)
-    if isinstance(doc.get("workload"), dict):
-        resolved.setdefault("workload", {})
-        _deep_merge(resolved["workload"], doc["workload"], origins, ("workload",), scenario_label, ("workload",))
-    elif doc.get("workload") is not None:
-        raise ConfigError(f"{scenario_label}: workload: expected a mapping of workload fields to override")
+    _workload(doc.get("traffic"), doc.get("workload"), resolved, origins, (), scenario_label)
     for text in overrides:
         set_path, value = parse_set(text)
         if set_path[0] == "topology":
@@ -279,4 +287,8 @@ def resolve(ref: str | None = None, overrides: list[str] | tuple = ()) -> tuple:
                               f"override its fields with --set workload.FIELD=VALUE")
         _apply_set(resolved, set_path, value, text)
         origins.add(set_path, f"--set {short(text)}")
+    for i, job in enumerate(resolved.get("jobs") if isinstance(resolved.get("jobs"), list) else ()):
+        if isinstance(job, dict) and "traffic" in job:  # each job's workload, as traffic: and workload: give one
+            traffic, job_overrides = job.pop("traffic"), job.pop("workload", None)
+            _workload(traffic, job_overrides, job, origins, ("jobs", i), scenario_label)
     return resolved, origins, label, topo_label

@@ -70,12 +70,12 @@ def _show(value) -> str:
     return repr(value) if not isinstance(value, str) else f"'{value[:80]}'"
 
 
-def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
-    """``c`` is the scenario's problem collector; ``gpus`` the fabric's GPU count (None if
-    the fabric itself is invalid)."""
+def validate(c, doc, path: tuple, gpus: int | None, names=None) -> Workload | None:
+    """``c`` is the scenario's problem collector; ``gpus`` the GPU count it runs on (None if
+    the fabric itself is invalid); ``names`` those GPUs when they are a job's, not all."""
     doc = c.mapping(doc, path, KEYS)
     if isinstance(doc, dict) and doc.get("chakra") is not None:
-        return _chakra(c, doc, path, gpus)
+        return _chakra(c, doc, path, gpus, names)
     name = doc.get("name", "workload")
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         c.problem(path + ("name",), f"expected 1-32 characters of a-z, 0-9, - and _, got {_show(name)}")
@@ -85,7 +85,7 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
         description = ""
     iterations = c.integer(doc, "iterations", path, default=3, minimum=1, maximum=10_000)
     data, pipeline, tensor = _parallelism(c, doc, path, gpus)
-    mapping = _mapping(c, doc, path, gpus)
+    mapping = _mapping(c, doc, path, gpus, names)
     comp_path = path + ("compute",)
     comp = c.mapping(doc.get("compute"), comp_path, ("forward", "backward"))
     forward = c.unit(comp, "forward", comp_path, units.parse_duration_ns, default="20us")
@@ -113,7 +113,7 @@ def validate(c, doc, path: tuple, gpus: int | None) -> Workload | None:
                     tensor_bytes=2 * per_stage_layers * activations, dcqcn_params=dcqcn_params, **balance)
 
 
-def _chakra(c, doc, path: tuple, gpus: int | None) -> Workload | None:
+def _chakra(c, doc, path: tuple, gpus: int | None, names=None) -> Workload | None:
     """A Chakra trace replayed (``chakra: {prefix, comm_groups}``): one rank per GPU, ranks
     on GPUs by ``mapping``; the trace says what each does, so the native schedule's fields
     are refused rather than silently ignored."""
@@ -146,7 +146,7 @@ def _chakra(c, doc, path: tuple, gpus: int | None) -> Workload | None:
     if trace is not None and gpus is not None and len(trace.ranks) != gpus:
         c.problem(ch_path + ("prefix",), f"the trace has {len(trace.ranks)} ranks and the fabric {gpus} GPUs "
                                          f"(one rank per GPU)")
-    mapping = _mapping(c, doc, path, gpus)
+    mapping = _mapping(c, doc, path, gpus, names)
     mtu, dcqcn, dcqcn_params, balance = _transport(c, doc, path)
     if c.problems or trace is None or None in (iterations, mapping) or mtu not in RDMA_MTUS:
         return None
@@ -174,12 +174,13 @@ def _parallelism(c, doc, path: tuple, gpus: int | None) -> tuple:
     return data, pipeline, tensor
 
 
-def _mapping(c, doc, path: tuple, gpus: int | None):
+def _mapping(c, doc, path: tuple, gpus: int | None, names=None):
     mapping = doc.get("mapping", "sequential")
     if isinstance(mapping, list):
-        names = [f"h{i}" for i in range(1, (gpus or 0) + 1)]
+        every = f"h1 .. h{gpus}" if names is None else ", ".join(names)
+        names = list(names) if names is not None else [f"h{i}" for i in range(1, (gpus or 0) + 1)]
         if gpus is not None and sorted(mapping, key=str) != sorted(names):
-            c.problem(path + ("mapping",), f"expected every GPU (h1 .. h{gpus}) exactly once, in rank order")
+            c.problem(path + ("mapping",), f"expected every GPU ({every}) exactly once, in rank order")
             return None
         return tuple(mapping)
     if mapping not in MAPPINGS:

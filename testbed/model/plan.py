@@ -249,6 +249,10 @@ def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
     limits.check(plan)
     if scenario.workload is not None:
         plan = replace(plan, training=plan_training(plan, scenario.workload, table))
+    elif scenario.jobs:
+        from testbed.model.jobs import plan_jobs
+
+        plan = replace(plan, training=plan_jobs(plan, scenario.jobs, table))
     return plan
 
 

@@ -25,6 +25,7 @@ class TrainingPlan:
     transport: dict  # what every agent runs with: MTU, DCQCN and its parameters, RTO, line rates
     iterations: int
     expand: object = field(repr=False, compare=False, default=None)  # members (None: all) -> ops per GPU
+    jobs: dict = field(default_factory=dict)  # several jobs: name -> {gpus, start_ns, iterations, ideal}
 
     @cached_property
     def ops(self) -> dict:
@@ -38,27 +39,30 @@ class TrainingPlan:
 
     def to_dict(self) -> dict:
         return {"iterations": self.iterations, "ideal": self.ideal, "transport": self.transport,
-                "ranks": self.ranks, "collectives": list(self.collectives), "ops": schedule.to_json(self.ops)}
+                "ranks": self.ranks, "collectives": list(self.collectives), "ops": schedule.to_json(self.ops),
+                "jobs": self.jobs}
 
 
-def plan_training(plan, workload, table) -> TrainingPlan:
-    """The schedule of ``workload`` on ``plan``'s GPUs; ``table`` is the plan's route table."""
+def plan_training(plan, workload, table, hosts=None) -> TrainingPlan:
+    """The schedule of ``workload`` on ``plan``'s GPUs (or on ``hosts``, a job's); ``table``
+    is the plan's route table."""
+    hosts = plan.hosts if hosts is None else hosts
     link_bps = plan.scenario.fabric.host_link.rate_bps
     nvlink_bps = plan.scenario.fabric.nvlink_rate_bps
-    lay = schedule.layout(workload, plan.hosts)
+    lay = schedule.layout(workload, hosts)
     latency_ns = max_ring_propagation_ns(plan, lay.dp_groups[(0, 0)], table) if plan.link_delay else 0
     if workload.chakra is not None:
-        build = partial(_replay, workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
-        _, collectives, path = replay.build_plan(workload, plan.hosts, link_bps, nvlink_bps, latency_ns, members=())
+        build = partial(_replay, workload, hosts, link_bps, nvlink_bps, latency_ns)
+        _, collectives, path = replay.build_plan(workload, hosts, link_bps, nvlink_bps, latency_ns, members=())
         iteration_ideal = {"link_bps": link_bps, "step_latency_ns": latency_ns, **path}
     else:
-        build = partial(schedule.build_plan, workload, plan.hosts, link_bps, nvlink_bps, latency_ns)
+        build = partial(schedule.build_plan, workload, hosts, link_bps, nvlink_bps, latency_ns)
         _, collectives = build(members=())
         iteration_ideal = ideal(workload, collectives, link_bps, latency_ns)
     ranks = {name: {"rank": r, "stage": lay.stage[name], "dp": lay.dp_rank[name], "tp": lay.tp_rank[name]}
              for r, name in enumerate(lay.order)}
     if workload.chakra is not None:  # the trace's rank on each GPU (the roles are the trace's own)
-        trace_rank = {name: r for r, name in enumerate(replay.gpus_of_ranks(workload, plan.hosts))}
+        trace_rank = {name: r for r, name in enumerate(replay.gpus_of_ranks(workload, hosts))}
         ranks = {name: {"rank": trace_rank[name], "stage": 0, "dp": trace_rank[name], "tp": 0} for name in lay.order}
     transport = {"mtu_bytes": workload.mtu_bytes, "dcqcn": workload.dcqcn,
                  "dcqcn_params": dict(workload.dcqcn_params), "rto_ns": RTO_REAL_NS,

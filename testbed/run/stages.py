@@ -69,6 +69,7 @@ class RunOptions:
     before_training: object = None  # callable(RunContext) run after reachability, before training
     pcap: str = ""  # comma-separated ports to capture during training (capture.parse_ports)
     telemetry_interval_real_ns: int = planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS
+    isolate_baseline: bool = False  # with jobs: run each job alone afterwards (run.baseline)
 
 
 @dataclass
@@ -303,7 +304,22 @@ class Run:
 
 
 def run(scenario: Scenario, options: RunOptions) -> RunResult:
-    return Run(scenario, options).execute()
+    result = Run(scenario, options).execute()
+    if options.isolate_baseline and scenario.jobs and result.status == "ok":
+        from testbed.run.baseline import isolate
+
+        isolate(scenario, options, result, lambda sc, opts: Run(sc, opts).execute())
+        run_report(result.run_dir)
+    return result
+
+
+def run_report(run_dir: Path):
+    """summary.json and report.html rebuilt (after baselines), the terminal summary logged."""
+    from testbed.analysis.report import build
+    from testbed.views.summary import terminal
+
+    summary, report_path = build(run_dir)
+    LOG.info("%s", terminal(summary, relative(report_path)))
 
 
 def relative(path: Path) -> str:

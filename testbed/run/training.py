@@ -9,7 +9,7 @@ import time
 
 from testbed import units
 from testbed.analysis import failures
-from testbed.analysis.training import load_records, summarise
+from testbed.analysis.training import load_records, summarise, summarise_jobs
 from testbed.apply.agents import Agents
 from testbed.apply.events import LinkEvents
 from testbed.views.progress import Progress
@@ -29,7 +29,11 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
     try:
         with LinkEvents(plan.events, plan.dilation, run_dir) as events, \
                 Agents(fab, list(tp.ranks), plan_path, records_dir, record) as agents:
-            if wl.chakra is not None:
+            if wl is None:
+                LOG.info("training: %d jobs on %d GPUs (%s); ideal %s per iteration of the slowest", len(tp.jobs),
+                         len(tp.ranks), ", ".join(f"{n}: {len(j['gpus'])} GPUs" for n, j in tp.jobs.items()),
+                         units.format_duration(tp.ideal["iteration_ns"]))
+            elif wl.chakra is not None:
                 LOG.info("training: Chakra trace %s replayed on %d GPUs, %d iterations, %d collectives; ideal %s per "
                          "iteration (%.1fs emulated in all)", wl.chakra.prefix, len(tp.ranks), tp.iterations,
                          len(tp.collectives), units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
@@ -48,7 +52,10 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
         # after the agents have exited: their per-QP counters are the last lines they write
         timings["training"] = round(time.monotonic() - t0, 3)
         records = load_records(records_dir)
-        summary = summarise(records, plan.training.to_dict(), plan.dilation.factor)
+        planned = plan.training.to_dict()
+        summary = summarise(records, planned, plan.dilation.factor)
+        if tp.jobs:
+            summary["jobs"] = summarise_jobs(records, planned, plan.dilation.factor)
         summary["link_events"] = failures.summarise(run_dir, records, summary["iterations"], plan.dilation.factor)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     t = summary["transport"]

@@ -74,7 +74,7 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
                    f"PFC headroom {format_size(head)} (formula {format_size(formula)})")
     out.append("")
     if plan.training is not None:
-        out += _workload(plan, sc.workload) + [""]
+        out += (_jobs(plan) if sc.jobs else _workload(plan, sc.workload)) + [""]
     if pair is None:
         first, last = plan.hosts[0], plan.hosts[-1]
         pair = (first.name, last.name) if len(plan.hosts) > 1 else None
@@ -123,6 +123,17 @@ def _workload(plan, wl) -> list:
              f"{len(wl.allreduce_bytes)} bucket(s) by {wl.algorithm}; RoCE MTU {wl.mtu_bytes}; "
              f"DCQCN {'on' if wl.dcqcn else 'off'}"]
     return out + _transport(plan, wl) + _ranks_and_bytes(plan, wl)
+
+
+def _jobs(plan) -> list:
+    """Several jobs: each one's GPUs, start and ideal, then the first job's details."""
+    tp = plan.training
+    out = [f"{len(tp.jobs)} jobs on one fabric (the agents share the transport below):"]
+    for job in plan.scenario.jobs:
+        j = tp.jobs[job.name]
+        out.append(f"  job {job.name}: {job.traffic} on {' '.join(job.gpus)}, start {format_duration(job.start_ns)}, "
+                   f"{j['iterations']} iterations, ideal {format_duration(j['ideal']['iteration_ns'])} per iteration")
+    return out + _transport(plan, plan.scenario.jobs[0].workload)
 
 
 def _replay(plan, wl) -> list:

@@ -20,6 +20,12 @@ def kpi_rows(s: dict) -> list[tuple[str, str, str]]:
         rows.append(("JCT (mean step time)", units.format_duration(jct["mean_step_ns"]),
                      f"ideal {units.format_duration(jct['ideal_step_ns'])}"))
         rows.append(("JCT ratio (measured / ideal)", f"{jct['mean_ratio']:.3f}", "1.000 = the analytical ideal"))
+    for name, j in (s.get("jobs") or {}).items():
+        alone = j.get("interference")
+        rows.append((f"job {name}: JCT", units.format_duration(j["jct_ns"]) if j.get("jct_ns") else "incomplete",
+                     (f"x{alone:.2f} its JCT alone ({units.format_duration(j['jct_alone_ns'])}): the interference"
+                      if alone else f"{len(j['gpus'])} GPUs, {j['iterations']} iterations (--isolate-baseline "
+                                    f"measures the interference)")))
     for phase, c in s.get("collectives", {}).items():
         if phase == "items":
             continue

@@ -77,7 +77,7 @@ def test_bad_overrides(text, message):
 def test_missing_scenario_lists_known(in_repo):
     with pytest.raises(ConfigError) as err:
         scenario.load("nope")
-    assert err.value.problems[0].startswith("scenario: unknown scenario 'nope' (known: chakra-dp8, collisions, default")
+    assert err.value.problems[0].startswith("scenario: unknown scenario 'nope' (known: chakra-dp8, collisions, default, incast, leaf-spine, rail-32, two-jobs")
 
 
 def test_names_reaching_paths_are_validated():

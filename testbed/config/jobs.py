@@ -1,0 +1,100 @@
+"""``jobs:`` in a scenario: several training jobs sharing one fabric, each on its own GPUs
+(no root).
+
+    jobs:
+      - name: a
+        traffic: dp-ring              # a workload file (or chakra:PREFIX), as traffic: takes
+        gpus: [h1, h5, h2, h6]        # or a range: h1-h4
+        workload: {iterations: 2}     # overrides, as workload: takes
+      - name: b
+        traffic: dp-ring
+        gpus: h3-h8
+        start: 50us                   # real time after the common start (default 0)
+
+A job's workload is validated on its own GPUs (parallelism, mapping lists name them);
+every job runs the same transport (the agents of a run share one), so its settings must
+agree. ``run --isolate-baseline`` runs each job alone afterwards for its interference.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from testbed import units
+from testbed.config import workload as traffic_schema
+from testbed.config.checker import show
+from testbed.config.source import NAME_RE
+
+KEYS = ("name", "traffic", "gpus", "start", "workload")
+MAX_JOBS = 16
+RANGE_RE = re.compile(r"h([0-9]+)-h([0-9]+)")
+SHARED = ("mtu_bytes", "dcqcn", "dcqcn_params", "kind", "qps_per_connection", "load_balancing", "spray_packets",
+          "flowlet_gap_ns")  # what every agent of a run shares
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    gpus: tuple  # GPU names
+    start_ns: int  # real time after the common start
+    workload: object  # config.workload.Workload
+    traffic: str
+
+
+def validate(c, doc, path: tuple, fabric_gpus: int | None) -> tuple:
+    if not isinstance(doc, list) or not doc:
+        c.problem(path, f"expected a list of jobs ({{name, traffic, gpus}}), got {show(doc)}")
+        return ()
+    if len(doc) > MAX_JOBS:
+        c.problem(path, f"expected at most {MAX_JOBS} jobs, got {len(doc)}")
+        return ()
+    out, owner, names = [], {}, set()
+    for i, job in enumerate(doc):
+        here = path + (i,)
+        if not isinstance(job, dict):
+            c.problem(here, f"expected a mapping {{name, traffic, gpus}}, got {show(job)}")
+            continue
+        c.mapping(job, here, KEYS)
+        name = job.get("name", f"job{i + 1}")
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in names:
+            c.problem(here + ("name",), f"expected a unique name of 1-32 characters of a-z, 0-9, - and _, "
+                                        f"got {show(name)}")
+        names.add(name)
+        gpus = _gpus(c, job.get("gpus"), here + ("gpus",), fabric_gpus)
+        for g in gpus or ():
+            if g in owner:
+                c.problem(here + ("gpus",), f"{g} is already job {owner[g]}'s (a GPU runs one job)")
+            owner.setdefault(g, name)
+        start = c.unit(job, "start", here, units.parse_duration_ns, default="0us")
+        if job.get("workload") is None:
+            c.problem(here + ("traffic",), "required: the job's workload (a file in traffic/ or chakra:PREFIX)")
+            continue
+        wl = traffic_schema.validate(c, job["workload"], here + ("workload",), len(gpus) if gpus else None,
+                                     names=gpus)
+        if wl is not None and gpus and start is not None:
+            out.append(Job(name=str(name), gpus=gpus, start_ns=start, workload=wl, traffic=str(job.get("traffic"))))
+    if out and any(tuple(getattr(j.workload, k) for k in SHARED) != tuple(getattr(out[0].workload, k) for k in SHARED)
+                   for j in out):
+        c.problem(path, "every job must run the same transport (mtu, dcqcn, kind, qps_per_connection, "
+                        "load_balancing): the agents of a run share it")
+    return tuple(out)
+
+
+def _gpus(c, spec, path: tuple, fabric_gpus: int | None) -> tuple | None:
+    if isinstance(spec, str) and RANGE_RE.fullmatch(spec):
+        a, b = map(int, RANGE_RE.fullmatch(spec).groups())
+        names = [f"h{i}" for i in range(a, b + 1)] if a <= b else []
+    elif isinstance(spec, list) and all(isinstance(g, str) for g in spec):
+        names = list(spec)
+    else:
+        c.problem(path, f"expected a list of GPUs ([h1, h2]) or a range (h1-h4), got {show(spec)}")
+        return None
+    known = {f"h{i}" for i in range(1, (fabric_gpus or 0) + 1)}
+    bad = [g for g in names if fabric_gpus is not None and g not in known]
+    if bad or len(set(names)) != len(names) or len(names) < 2:
+        why = (f"{bad[0]} is not a GPU of this fabric (h1 .. h{fabric_gpus})" if bad else
+               "a GPU listed twice" if len(set(names)) != len(names) else "at least 2 GPUs")
+        c.problem(path, f"expected distinct GPUs of the fabric, at least 2: {why}")
+        return None
+    return tuple(names)
