@@ -158,6 +158,7 @@ class FabricController:
         self.adaptive = plan.get("routing", "ecmp") == "adaptive"
         self.pending: dict[int, tuple[float, int, int]] = {}
         self.ready: set[int] = set()
+        self.connected: set[int] = set()
 
     def switch_connected(self, dpid: int, now: float) -> list:
         """A switch finished the OpenFlow handshake: its full program. Unknown
@@ -172,6 +173,7 @@ class FabricController:
         groups = sum(isinstance(m, GroupAdd) for m in msgs)
         self.pending[dpid] = (now, flows, groups)
         self.ready.discard(dpid)
+        self.connected.add(dpid)
         return msgs
 
     def port_status(self, dpid: int, port: int, live: bool, now: float) -> list:
@@ -206,7 +208,8 @@ class FabricController:
                      for p, ports in sorted(changed.items())]
             msgs.append(Barrier())
             self.routes[name].update(changed)
-            out.append((dp, msgs))
+            if dp in self.connected:  # one not connected yet gets the routes of now when it connects
+                out.append((dp, msgs))
         if out:
             r = self.reroute or {"started": now, "pending": set(), "switches": set(), "flows": 0, "groups": 0}
             r["pending"] |= {dp for dp, _ in out}
@@ -233,6 +236,7 @@ class FabricController:
 
     def switch_disconnected(self, dpid: int, now: float) -> list:
         self.ready.discard(dpid)
+        self.connected.discard(dpid)
         self.pending.pop(dpid, None)
         return []
 

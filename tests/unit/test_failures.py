@@ -101,3 +101,16 @@ def test_what_a_failure_cost_comes_from_the_runs_files(tmp_path):
     assert r["stretch"] == pytest.approx(1.5) and r["rerouted_switches"] == ["leaf1", "spine1"]
     text = failures.sentence(rows, {"retransmitted": 40, "timeouts": 3}, lambda ns: f"{ns:.0f}ns")
     assert "link leaf1-spine1 down in iteration 1" in text and "x1.50" in text and "40 packets" in text
+
+
+def test_a_switch_not_connected_yet_gets_its_new_routes_when_it_connects():
+    p = planning.build(scenario.load("collisions")).to_dict()
+    fc = routing.FabricController(p)
+    by_name = {s["name"]: dp for dp, s in fc.switches.items()}
+    fc.switch_connected(by_name["leaf1"], 0.0)
+    out = fc.port_status(by_name["leaf1"], 5, False, 1.0)
+    assert [fc.switches[d]["name"] for d, _ in out] == ["leaf1"]  # spine1 is not connected: nothing sent to it
+    msgs = fc.switch_connected(by_name["spine1"], 2.0)
+    flows = {dict(m.match).get("ipv4_dst", ("",))[0]: m.actions[-1] for m in msgs
+             if isinstance(m, routing.FlowAdd) and m.table == routing.ROUTE_TABLE}
+    assert flows["10.0.1.0"] == ("output", 2)
