@@ -21,6 +21,9 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
     out.append("routing: " + ("adaptive (each data packet to the least occupied shortest-path port; "
                               f"{len(plan.adaptive_choices())} decision entries)" if fab.routing == "adaptive"
                               else "ecmp (select groups hash the 5-tuple)"))
+    for e in plan.events:
+        out.append(f"event: at {format_duration(e.at_ns)} after the start, link {e.name} {e.action} "
+                   f"({', '.join(e.intfs)}; {format_duration(d.duration_ns(e.at_ns))} emulated)")
     out.append(f"dilation: {d.factor:g} ({plan.dilation_reason})")
     out.append(f"  real 400G = {format_rate(d.rate_bps(400e9))}bit/s emulated; real 1us = "
                f"{format_duration(d.duration_ns(1000))} emulated; bytes unchanged")

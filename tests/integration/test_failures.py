@@ -14,9 +14,10 @@ from conftest import run_trusted
 
 pytestmark = pytest.mark.integration
 
-# collisions: every ring hop crosses the spines; compute is 60 us, so at 100 us the first
-# AllReduce is running, with leaf1's flows on its four uplinks (two of them to spine1)
-EVENTS = "events=[{at: 100us, action: down, link: leaf1-spine1}, {at: 700us, action: up, link: leaf1-spine1}]"
+# collisions: every ring hop crosses the spines; compute is 60 us and the first AllReduce
+# takes some 250 us, so from 100 us to 200 us leaf1 has lost its two links to spine1 in the
+# middle of it; the two later iterations run on the whole fabric again
+EVENTS = "events=[{at: 100us, action: down, link: leaf1-spine1}, {at: 200us, action: up, link: leaf1-spine1}]"
 
 
 def route_ports(switch: str) -> dict:
@@ -65,7 +66,7 @@ def test_an_uplink_down_mid_allreduce_is_rerouted_and_training_completes(tmp_pat
     # link were lost and go-back-N resent them after its timeout
     assert down["iteration"] == 0
     steps = [i["step_ns"] for i in training["iterations"]]
-    assert steps[0] == max(steps) and down["stretch"] > 1.2, (steps, down)
+    assert steps[0] == max(steps) and down["stretch"] > 1.05, (steps, down)
     assert training["transport"]["retransmitted"] > 0
     # plugged back in: the switches forward on the planned port sets again
     for switch in ("leaf1", "spine1"):
