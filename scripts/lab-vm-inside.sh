@@ -127,12 +127,12 @@ grep -E '^ *(PASS|FAIL) ' "$work/lab.log" | sed 's/^ */[lab-vm] lab '"$lab"': /'
 # test_labs.py (each lab's check starts with "the fidelity guard trusted each run";
 # one lab ran above, at the dilation its check asks for), test_load_balancing.py (six
 # trusted runs of agents pacing at line rate, as test_training.py), and for the same reason
-# test_chakra.py, test_jobs.py and test_failures.py (trusted runs compared with each other).
+# test_chakra_run.py, test_jobs_run.py and test_failures_run.py (trusted runs compared with each other).
 [ $# -gt 0 ] || set -- tests/integration -v -p no:warnings -m "not datapath_independent" \
     --ignore=tests/integration/test_training.py --ignore=tests/integration/test_report.py \
     --ignore=tests/integration/test_labs.py --ignore=tests/integration/test_load_balancing.py \
-    --ignore=tests/integration/test_chakra.py --ignore=tests/integration/test_jobs.py \
-    --ignore=tests/integration/test_failures.py
+    --ignore=tests/integration/test_chakra_run.py --ignore=tests/integration/test_jobs_run.py \
+    --ignore=tests/integration/test_failures_run.py
 step pytest vagrant ssh -c "cd /vagrant && sudo TESTBED_EXPECT_DATAPATH=kernel TESTBED_TIMING_SLACK=4 \
     python -m pytest -p no:cacheprovider $(printf '%q ' "$@")" || true
 tail -3 "$work/pytest.log"

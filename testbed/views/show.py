@@ -11,6 +11,18 @@ from testbed.units import format_duration, format_rate, format_size
 
 
 def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
+    sc = plan.scenario
+    out = _header(plan)
+    out += _switches_and_links(plan)
+    out += _servers(plan)
+    out += _queues(plan)
+    if plan.training is not None:
+        out += (_jobs(plan) if sc.jobs else _workload(plan, sc.workload)) + [""]
+    out += _paths(plan, pair)
+    return "\n".join(out)
+
+
+def _header(plan: Plan) -> list[str]:
     sc, d = plan.scenario, plan.dilation
     fab = sc.fabric
     out = [f"scenario {sc.name} ({sc.source}; topology {sc.topology_source})"]
@@ -34,9 +46,12 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
     bis = plan.bisection_bps()
     out.append(f"bisection bandwidth: {format_rate(bis)}bit/s real, {format_rate(d.rate_bps(bis))}bit/s "
                f"emulated (max-flow from the first half of the GPUs to the second, one direction)")
+    return out + [""]
 
-    out.append("")
-    out.append("switches:")
+
+def _switches_and_links(plan: Plan) -> list[str]:
+    d = plan.dilation
+    out = ["switches:"]
     for s in plan.switches:
         ports = [lk for lk in plan.fabric_links if s.name in (lk.a, lk.b)]
         out.append(f"  {s.name:8} {s.role:5} dpid {s.dpid_hex}  {len(ports)} ports")
@@ -51,8 +66,12 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
     for lk in plan.links:
         if lk.kind == "uplink":
             out.append(f"        {lk.a_intf:14} <-> {lk.b_intf}")
-    out.append("")
-    out.append("servers and GPUs (fabric NIC -> leaf port, address; NVLink address):")
+    return out + [""]
+
+
+def _servers(plan: Plan) -> list[str]:
+    fab = plan.scenario.fabric
+    out = ["servers and GPUs (fabric NIC -> leaf port, address; NVLink address):"]
     for server in plan.servers:
         nv = f"NVLink bridge {server.nvlink_bridge}" if server.nvlink_bridge else "single GPU, no NVLink"
         out.append(f"  {server.name} ({nv})")
@@ -62,8 +81,12 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
             nvip = f"  nvlink {h.nvlink_ip}" if h.nvlink_ip else ""
             out.append(f"    {h.name:5} gpu{h.local_rank}{rail:8} {h.name}-eth0 -> {h.leaf}-eth{h.leaf_port:<3} "
                        f"{h.ip:15} {h.mac}{nvip}")
-    out.append("")
-    q = sc.queues
+    return out + [""]
+
+
+def _queues(plan: Plan) -> list[str]:
+    q = plan.scenario.queues
+    out = []
     out.append("egress queues on every switch port (TBF at the emulated port rate + eBPF WRED/ECN marker):")
     out.append(f"  scenario: buffer {format_size(q.buffer_bytes) if q.buffer_bytes else 'derived'}; "
                f"ECN {_ecn(q)}; PFC {_pfc(q)}")
@@ -75,9 +98,12 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
         ecn = f"kmin {format_size(kmin)} kmax {format_size(kmax)} pmax {pmax:g}" if q.ecn else "ECN off"
         out.append(f"  {len(intfs):3} ports at {format_rate(rate)}: buffer {format_size(buf)}, {ecn}, "
                    f"PFC headroom {format_size(head)} (formula {format_size(formula)})")
-    out.append("")
-    if plan.training is not None:
-        out += (_jobs(plan) if sc.jobs else _workload(plan, sc.workload)) + [""]
+    return out + [""]
+
+
+def _paths(plan: Plan, pair: tuple[str, str] | None) -> list[str]:
+    """The ECMP paths between two GPUs (the first and last by default)."""
+    out = []
     if pair is None:
         first, last = plan.hosts[0], plan.hosts[-1]
         pair = (first.name, last.name) if len(plan.hosts) > 1 else None
@@ -92,7 +118,7 @@ def render(plan: Plan, pair: tuple[str, str] | None = None) -> str:
         out.append(f"ECMP paths {src} -> {dst}: {len(paths)}")
         for p in paths:
             out.append("  " + " -> ".join(f"{node}[{intf}]" if intf else node for node, intf in p))
-    return "\n".join(out)
+    return out
 
 
 def _ecn(q) -> str:

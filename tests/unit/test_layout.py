@@ -77,3 +77,12 @@ def test_modules_and_functions_stay_small(path):
     long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(src))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80]
     assert not long
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test files by basename (rootdir-relative, no packages): two
+    test_x.py in different folders stop collection of the whole suite."""
+    seen = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a basename"
+        seen[path.name] = path
