@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.analysis.training import summarise
+from testbed.analysis.training import summarise_run
 from testbed.errors import ConfigError
 from testbed.jsonlines import read_events
 
@@ -101,7 +101,7 @@ def load(run_dir) -> Results:
         pfc_ports = pfc_ports.drop(columns=["event"])
     plan_path = run_dir / "plan.json"
     plan = json.loads(plan_path.read_text()) if plan_path.exists() else {}
-    summary = summarise(agent_rows, plan["training"], d) if plan.get("training") else {}
+    summary = summarise_run(run_dir, agent_rows, plan["training"], d) if plan.get("training") else {}
     ports = _ports(run_dir, d, t0, plan)
     return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, nics=nics, rates=rates, pauses=pauses, ports=ports,
                    queues=_queues(run_dir, d, t0, plan), ecn=_ecn(run_dir, d, t0, plan),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from testbed.analysis import failures
 from testbed.jsonlines import read_events
 from testbed.model import collectives
 from testbed.wire import roce
@@ -89,6 +90,17 @@ def _transport(records: list, dilation: float) -> dict:
     totals["pause_frames_received"] = sum(n.get("pause_frames_received", 0) for n in nics)
     totals["paused_real_ns"] = sum(n.get("paused_ns", 0) for n in nics) / dilation
     return totals
+
+
+def summarise_run(run_dir: Path, records: list, training: dict, dilation: float) -> dict:
+    """All of ``training.json``: ``summarise`` plus, for a run with several jobs, each job's
+    own (``jobs``) and the link events with what they did (``link_events``). One place, so
+    the run that writes it and the report that rereads a results folder agree."""
+    summary = summarise(records, training, dilation)
+    if training.get("jobs"):
+        summary["jobs"] = summarise_jobs(records, training, dilation)
+    summary["link_events"] = failures.summarise(run_dir, records, summary["iterations"], dilation)
+    return summary
 
 
 def summarise_jobs(records: list, training: dict, dilation: float) -> dict:

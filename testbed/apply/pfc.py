@@ -102,7 +102,14 @@ class Pfcd:
 
     # -- sending ---------------------------------------------------------------------------
     def send(self, port: Port, quanta: int, now: int, why: str):
-        port.sock.send(pfc.frame(port.mac, {pfc.LOSSLESS_PRIORITY: quanta}))
+        try:
+            port.sock.send(pfc.frame(port.mac, {pfc.LOSSLESS_PRIORITY: quanta}))
+        except OSError as exc:
+            if exc.errno not in pfc.LINK_GONE_ERRNOS:
+                raise
+            # the link is down (a link event): the frame is lost with it, as on a cable
+            self.record(t_ns=now, event="send_failed_link_down", port=port.pq["intf"], quanta=quanta, why=why)
+            return
         port.frames_sent += 1
         if quanta:
             port.xoff_sent += 1

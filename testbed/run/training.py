@@ -8,8 +8,7 @@ import logging
 import time
 
 from testbed import units
-from testbed.analysis import failures
-from testbed.analysis.training import load_records, summarise, summarise_jobs
+from testbed.analysis.training import load_records, summarise_run
 from testbed.apply.agents import Agents
 from testbed.apply.events import LinkEvents
 from testbed.views.progress import Progress
@@ -53,10 +52,7 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
         timings["training"] = round(time.monotonic() - t0, 3)
         records = load_records(records_dir)
         planned = plan.training.to_dict()
-        summary = summarise(records, planned, plan.dilation.factor)
-        if tp.jobs:
-            summary["jobs"] = summarise_jobs(records, planned, plan.dilation.factor)
-        summary["link_events"] = failures.summarise(run_dir, records, summary["iterations"], plan.dilation.factor)
+        summary = summarise_run(run_dir, records, planned, plan.dilation.factor)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     t = summary["transport"]
     LOG.info("training done: %d iterations, %d packets, %d retransmitted, %d CNPs", len(summary["iterations"]),

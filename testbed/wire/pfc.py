@@ -13,6 +13,7 @@ link's real rate; quanta 0 resumes (XON).
 from __future__ import annotations
 
 import ctypes
+import errno
 import socket
 import struct
 
@@ -92,14 +93,24 @@ def open_restart_socket(intf: str) -> socket.socket:
     return sock
 
 
+# a packet socket on an interface that went down (a link event) or away: on a real port
+# no frame crosses a dead link either, so this reads as "nothing" and sends nothing
+LINK_GONE_ERRNOS = frozenset({errno.ENETDOWN, errno.ENXIO, errno.ENODEV})
+
+
 def drain(sock):
     """Every PFC frame waiting on a non-blocking packet socket, as (source MAC, {priority:
-    quanta}); anything else on the socket is skipped."""
+    quanta}); anything else on the socket is skipped. A socket whose link is down
+    yields nothing (``LINK_GONE_ERRNOS``)."""
     while True:
         try:
             data = sock.recv(256)
         except BlockingIOError:
             return
+        except OSError as exc:
+            if exc.errno in LINK_GONE_ERRNOS:
+                return
+            raise
         parsed = parse(data)
         if parsed is not None:
             yield parsed

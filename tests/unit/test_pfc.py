@@ -104,3 +104,20 @@ def test_drain_yields_waiting_pfc_frames_and_skips_the_rest():
         a.send(pfc.frame("02:01:00:00:01:02", {3: 0}))
         assert list(pfc.drain(b)) == [("02:01:00:00:01:01", {3: 0xFFFF}), ("02:01:00:00:01:02", {3: 0})]
         assert list(pfc.drain(b)) == []
+
+
+def test_drain_reads_nothing_from_a_link_that_is_down_and_raises_other_errors():
+    """A link event takes the interface down under the PFC daemon's packet socket: recv
+    fails with ENETDOWN, which is "no frame" (none crosses a dead cable), not a crash."""
+    import errno
+
+    class Socket:
+        def __init__(self, code):
+            self.code = code
+
+        def recv(self, size):
+            raise OSError(self.code, "as the kernel says")
+
+    assert list(pfc.drain(Socket(errno.ENETDOWN))) == []
+    with pytest.raises(OSError):
+        list(pfc.drain(Socket(errno.EBADF)))
