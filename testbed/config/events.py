@@ -5,11 +5,15 @@
       - {at: 400us, action: up, link: leaf1-spine1}
       - {at: 80us, action: down, link: leaf2-eth5}      # one link, by a switch port's interface
       - {at: 80us, action: down, link: random uplink}   # one leaf-spine link, chosen with the seed
+      - {at: 80us, action: down, switch: spine2}        # a spine dies: every link of it goes dark
 
 ``at`` is real fabric time after training starts (the GPUs' common start; x dilation on
 this machine). A link goes down as a cable pulled at the leaf's end: both switches see the
 port go down and the controller reroutes around it (``controller.routing``); ``up`` plugs
-it back. Links are named here and checked against the planned fabric in ``model.events``.
+it back. A switch down is every one of its links pulled at once (the far ends see their
+ports go down, as when a switch loses power); only a spine can go: a leaf down cuts its
+GPUs off, and the job cannot go on without them. Links and switches are named here and
+checked against the planned fabric in ``model.events``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from testbed import units
 from testbed.config.checker import show
 
 ACTIONS = ("down", "up")
-NOT_BUILT = {"slow": "link slow (a lower port rate mid-run)", "switch": "switch down"}
+NOT_BUILT = {"slow": "link slow (a lower port rate mid-run)"}
 RANDOM_UPLINK = "random uplink"
 MAX_EVENTS = 64
 
@@ -29,15 +33,16 @@ MAX_EVENTS = 64
 class Event:
     at_ns: int  # real fabric time after training starts
     action: str  # down | up
-    link: str  # "leaf1-spine1", "leaf2-eth5" or "random uplink"
+    link: str  # "leaf1-spine1", "leaf2-eth5" or "random uplink"; "" for a switch
     index: int  # position in the scenario's list (messages name events[index])
+    switch: str = ""  # a spine taken down / brought up whole (link is "")
 
 
 def validate(c, doc, path: tuple) -> tuple:
     if doc is None:
         return ()
     if not isinstance(doc, list):
-        c.problem(path, f"expected a list of {{at, action, link}}, got {show(doc)}")
+        c.problem(path, f"expected a list of {{at, action, link or switch}}, got {show(doc)}")
         return ()
     if len(doc) > MAX_EVENTS:
         c.problem(path, f"expected at most {MAX_EVENTS} events, got {len(doc)}")
@@ -46,9 +51,9 @@ def validate(c, doc, path: tuple) -> tuple:
     for i, item in enumerate(doc):
         here = path + (i,)
         if not isinstance(item, dict):
-            c.problem(here, f"expected a mapping {{at, action, link}}, got {show(item)}")
+            c.problem(here, f"expected a mapping {{at, action, link or switch}}, got {show(item)}")
             continue
-        c.mapping(item, here, ("at", "action", "link"))
+        c.mapping(item, here, ("at", "action", "link", "switch"))
         at = c.unit(item, "at", here, units.parse_duration_ns)
         if at is not None and at < 0:
             c.problem(here + ("at",), f"expected a duration >= 0, got {show(item['at'])}")
@@ -61,10 +66,19 @@ def validate(c, doc, path: tuple) -> tuple:
         if action not in ACTIONS:
             c.problem(here + ("action",), f"expected one of {', '.join(ACTIONS)}, got {show(action)}")
             continue
+        if "switch" in item:
+            switch = item["switch"]
+            if "link" in item:
+                c.problem(here, "expected link or switch, not both")
+            elif not isinstance(switch, str) or not switch or len(switch) > 64:
+                c.problem(here + ("switch",), f"expected a spine's name (spine1), got {show(switch)}")
+            elif at is not None:
+                out.append(Event(at_ns=at, action=action, link="", index=i, switch=switch))
+            continue
         link = item.get("link")
         if not isinstance(link, str) or not link or len(link) > 64:
             c.problem(here + ("link",), f"expected SWITCH-SWITCH (leaf1-spine1), a port (leaf1-eth5) or "
-                                        f"'{RANDOM_UPLINK}', got {show(link)}")
+                                        f"'{RANDOM_UPLINK}' (or switch: SPINE), got {show(link)}")
             continue
         if at is not None:
             out.append(Event(at_ns=at, action=action, link=link, index=i))

@@ -1,6 +1,6 @@
 """Scenario events resolved against the planned fabric (pure): which links an event takes
-down or brings up, named by the interfaces at their leaf end (where the run pulls the
-cable)."""
+down or brings up (a spine's: all of its links), named by the interfaces at their leaf
+end (where the run pulls the cable)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,20 @@ def resolve(scenario, links) -> tuple:
     uplinks = [lk for lk in links if lk.kind == "uplink"]
     chosen = random.Random(scenario.seed).choice(uplinks) if uplinks else None
     out, problems = [], []
+    spines = sorted({lk.b for lk in uplinks})
     for e in scenario.events:
+        if e.switch:
+            found = [lk for lk in uplinks if lk.b == e.switch]
+            if not found:
+                leaf = any(lk.a == e.switch for lk in uplinks)
+                problems.append(f"{scenario.where(('events', e.index, 'switch'))}: "
+                                + (f"{e.switch} is a leaf: a leaf down cuts its GPUs off and the job cannot go "
+                                   f"on; take its uplinks down instead (link: {e.switch}-{spines[0]})" if leaf else
+                                   f"no spine {e.switch!r} in this fabric (it has {', '.join(spines) or 'none'})"))
+                continue
+            out.append(LinkEvent(at_ns=e.at_ns, action=e.action, name=f"{e.switch} (every link)",
+                                 intfs=tuple(lk.a_intf for lk in found), peers=tuple(lk.b_intf for lk in found)))
+            continue
         found = _links(e.link, uplinks, chosen)
         if not found:
             pairs = sorted({f"{lk.a}-{lk.b}" for lk in uplinks})

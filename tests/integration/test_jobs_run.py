@@ -20,7 +20,7 @@ def interference(tmp_path, sets) -> dict:
     and was trusted; an untrusted set is run once more at the suggested dilation."""
     for attempt in range(2):
         folder = tmp_path / f"attempt{attempt}"
-        folder.mkdir()
+        folder.mkdir(parents=True)
         result = run.run(scenario.load("two-jobs", sets), run.RunOptions(results_dir=folder, isolate_baseline=True))
         assert result.status == "ok", result.reason
         summary = json.loads((result.run_dir / "summary.json").read_text())

@@ -73,6 +73,32 @@ def test_events_name_links_of_the_plan():
         scenario.load("topologies/rail-2x4.yaml", ["events=[{at: 1us, action: down, link: leaf1-spine1}]"])
 
 
+def test_a_spine_down_is_every_link_of_it():
+    p = planning.build(scenario.load("collisions", ["events=[{at: 1us, action: down, switch: spine2}, "
+                                                    "{at: 2us, action: up, switch: spine2}]"]))
+    down, up = p.events
+    assert down.name == up.name == "spine2 (every link)"
+    assert down.intfs == ("leaf1-eth6", "leaf1-eth8", "leaf2-eth6", "leaf2-eth8")
+    assert all(peer.startswith("spine2-") for peer in down.peers) and len(set(down.peers)) == 4
+    # the controller, told port by port, ends with the leaves forwarding over spine1 alone
+    fc, dp = programmed()
+    before = {k: dict(v) for k, v in fc.routes.items()}
+    changed = set()
+    for intf in down.intfs:
+        leaf, port = intf.split("-eth")
+        changed |= {fc.switches[d]["name"] for d, _ in fc.port_status(dp[leaf], int(port), False, 1.0)}
+    # spine2 too, while its links go one by one (the cables are pulled one after another)
+    assert changed == {"leaf1", "leaf2", "spine2"}
+    spine1_ports = {"leaf1": {5, 7}, "leaf2": {5, 7}}
+    for leaf in ("leaf1", "leaf2"):
+        remote = [ports for prefix, ports in fc.routes[leaf].items() if ports != before[leaf][prefix]]
+        assert remote and all(set(ports) == spine1_ports[leaf] for ports in remote), fc.routes[leaf]
+    for intf in down.intfs:
+        leaf, port = intf.split("-eth")
+        fc.port_status(dp[leaf], int(port), True, 2.0)
+    assert fc.routes == before
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
