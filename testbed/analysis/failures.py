@@ -15,17 +15,25 @@ from testbed.jsonlines import read_events
 
 def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -> list:
     """One row per link event, in order; [] when the run had none."""
-    events = read_events(run_dir / "link-events.jsonl") if (run_dir / "link-events.jsonl").exists() else []
+    lines = read_events(run_dir / "link-events.jsonl") if (run_dir / "link-events.jsonl").exists() else []
+    events = [e for e in lines if e.get("event") in ("link_down", "link_up")]
     if not events:
         return []
+    # the last event's window closes at the end record (links restored, teardown after it)
+    end_ns = next((e["t_ns"] for e in lines if e.get("event") == "end"), None)
     ctl = read_events(run_dir / "controller-events.jsonl")
+    ports = read_events(run_dir / "ports.jsonl") if (run_dir / "ports.jsonl").exists() else []
     spans = _iteration_spans(records)
     hit = {}
     rows = []
     for i, e in enumerate(events):
         t_s = e["t_ns"] / 1e9
-        nxt = events[i + 1]["t_ns"] / 1e9 if i + 1 < len(events) else float("inf")
-        done = next((c for c in ctl if c.get("event") == "reroute_done" and t_s <= c["t_mono"] < nxt), None)
+        nxt_ns = events[i + 1]["t_ns"] if i + 1 < len(events) else end_ns
+        nxt = nxt_ns / 1e9 if nxt_ns is not None else float("inf")
+        # a switch down (several links) comes in port by port, each rerouted on its own: the
+        # routes have settled at the last reroute before the next event
+        dones = [c for c in ctl if c.get("event") == "reroute_done" and t_s <= c["t_mono"] < nxt]
+        done = dones[-1] if dones else None
         seen = [c for c in ctl if c.get("event") == "port_status" and t_s <= c["t_mono"] < nxt]
         it = next((k for k, (a, b) in sorted(spans.items()) if a <= e["t_ns"] <= b), None)
         row = {"event": e["event"], "link": e["link"], "intfs": e["intfs"], "at_real_ns": e["at_real_ns"],
@@ -33,8 +41,11 @@ def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -
                "port_status_messages": len(seen),
                "detect_emulated_ns": (seen[0]["t_mono"] - t_s) * 1e9 if seen else None,
                "reroute_emulated_ns": (done["t_mono"] - t_s) * 1e9 if done else None,
-               "rerouted_switches": done["switches"] if done else [],
-               "flows_changed": done["flows"] if done else 0, "groups_added": done["groups"] if done else 0}
+               "rerouted_switches": sorted({sw for c in dones for sw in c["switches"]}),
+               "reroutes": len(dones),
+               "flows_changed": sum(c["flows"] for c in dones), "groups_added": sum(c["groups"] for c in dones),
+               "dropped_packets": _dropped(ports, {*e["intfs"], *e.get("peers", ())}, e["t_ns"],
+                                           nxt_ns)}
         for key in ("detect", "reroute"):
             v = row[f"{key}_emulated_ns"]
             row[f"{key}_real_ns"] = v / dilation if v is not None else None
@@ -50,6 +61,25 @@ def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -
         row["other_iterations_median_step_ns"] = base
         row["stretch"] = step / base if step and base else None
     return rows
+
+
+def _dropped(ports: list, intfs: set, start_ns: int, end_ns: int | None) -> int | None:
+    """Packets the switches counted dropped (tx + rx) on the event's ports, both ends, from
+    the last port-stats poll before the event to the last before the next event (or the
+    run's end); None without polls. A lower bound of what the dead link lost: a packet
+    already in a veth's queue when it went down is dropped by the kernel, not by OVS."""
+    rows = [r for r in ports if r.get("intf") in intfs and "tx_dropped" in r]
+    if not rows:
+        return None
+
+    def total(until_ns):
+        last = {}
+        for r in rows:
+            if until_ns is None or r["t_ns"] <= until_ns:
+                last[r["intf"]] = r
+        return sum(r.get("tx_dropped", 0) + r.get("rx_dropped", 0) for r in last.values())
+
+    return total(end_ns) - total(start_ns)
 
 
 def _iteration_spans(records: list) -> dict:
@@ -71,7 +101,8 @@ def sentence(rows: list, transport: dict, fmt_d) -> str:
         took = (f"the controller rerouted {len(r['rerouted_switches'])} switches in {fmt_d(r['reroute_real_ns'])} "
                 f"of fabric time" if r["reroute_real_ns"] is not None else "no reroute was recorded")
         stretch = (f"; that iteration took x{r['stretch']:.2f} the others' median" if r["stretch"] else "")
-        parts.append(f"link {r['link']} {r['event'].split('_')[1]} {where}: {took}{stretch}")
+        lost = f"; the switches dropped {r['dropped_packets']} packets on it" if r.get("dropped_packets") else ""
+        parts.append(f"link {r['link']} {r['event'].split('_')[1]} {where}: {took}{lost}{stretch}")
     lost = (f" {transport.get('retransmitted', 0)} packets were retransmitted ({transport.get('timeouts', 0)} "
             f"timeouts)." if transport else "")
     return "Link events: " + "; ".join(parts) + "." + lost

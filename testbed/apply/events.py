@@ -6,8 +6,8 @@ fabric time x dilation after the start), sets the link's leaf-end interface down
 with ``ip link``, the way a cable is pulled: the leaf's port goes down and the spine's end
 loses its carrier, both switches tell the controller (OpenFlow port status), and it
 reroutes (``controller.routing``). What was done and when goes to ``link-events.jsonl`` in
-the run folder. On exit the timer is stopped and every link it took down is brought back
-up (the fabric's teardown follows).
+the run folder. On exit the timer is stopped, an ``end`` record closes the file and every
+link still down is brought back up (the fabric's teardown follows).
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ class LinkEvents:
         self.stop.set()
         if self.thread is not None:
             self.thread.join(timeout=IP_TIMEOUT_S * 2)
+            # the end of the events' time: what the controller does after it (links put back
+            # here, the fabric's teardown) is not the last event's doing
+            with open(self.path, "a") as out:
+                out.write(json.dumps({"event": "end", "t_ns": time.monotonic_ns(),
+                                      "restored": sorted(self.down)}) + "\n")
         for intf in sorted(self.down):
             try:
                 set_link(intf, True)

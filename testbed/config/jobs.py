@@ -8,7 +8,7 @@
         workload: {iterations: 2}     # overrides, as workload: takes
       - name: b
         traffic: dp-ring
-        gpus: h3-h8
+        gpus: h3-h8                   # or a share of the fabric: 25% (the next free GPUs, h1 first)
         start: 50us                   # real time after the common start (default 0)
 
 A job's workload is validated on its own GPUs (parallelism, mapping lists name them);
@@ -28,6 +28,7 @@ from testbed.config.source import NAME_RE
 
 KEYS = ("name", "traffic", "gpus", "start", "workload")
 MAX_JOBS = 16
+SHARE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)%")
 RANGE_RE = re.compile(r"h([0-9]+)-h([0-9]+)")
 SHARED = ("mtu_bytes", "dcqcn", "dcqcn_params", "kind", "qps_per_connection", "load_balancing", "spray_packets",
           "flowlet_gap_ns")  # what every agent of a run shares
@@ -61,7 +62,7 @@ def validate(c, doc, path: tuple, fabric_gpus: int | None) -> tuple:
             c.problem(here + ("name",), f"expected a unique name of 1-32 characters of a-z, 0-9, - and _, "
                                         f"got {show(name)}")
         names.add(name)
-        gpus = _gpus(c, job.get("gpus"), here + ("gpus",), fabric_gpus)
+        gpus = _gpus(c, job.get("gpus"), here + ("gpus",), fabric_gpus, taken=set(owner))
         for g in gpus or ():
             if g in owner:
                 c.problem(here + ("gpus",), f"{g} is already job {owner[g]}'s (a GPU runs one job)")
@@ -81,14 +82,27 @@ def validate(c, doc, path: tuple, fabric_gpus: int | None) -> tuple:
     return tuple(out)
 
 
-def _gpus(c, spec, path: tuple, fabric_gpus: int | None) -> tuple | None:
+def _gpus(c, spec, path: tuple, fabric_gpus: int | None, taken: set = frozenset()) -> tuple | None:
+    share = SHARE_RE.fullmatch(spec) if isinstance(spec, str) else None
+    if share and fabric_gpus is None:
+        return None  # the fabric itself is wrong (reported): no count to take a share of
+    if share:
+        # a share of the fabric: that many of the GPUs no job listed before has, in order
+        # (h1 first: servers' GPUs are numbered together, so a share fills whole servers)
+        count = round(float(share.group(1)) / 100 * fabric_gpus)
+        free = [f"h{i}" for i in range(1, fabric_gpus + 1) if f"h{i}" not in taken]
+        if not 0 < float(share.group(1)) <= 100 or count < 2 or count > len(free):
+            c.problem(path, f"expected a share of the fabric's {fabric_gpus} GPUs that makes at least 2 of the "
+                            f"{len(free)} no earlier job has, got {show(spec)} ({count} GPUs)")
+            return None
+        return tuple(free[:count])
     if isinstance(spec, str) and RANGE_RE.fullmatch(spec):
         a, b = map(int, RANGE_RE.fullmatch(spec).groups())
         names = [f"h{i}" for i in range(a, b + 1)] if a <= b else []
     elif isinstance(spec, list) and all(isinstance(g, str) for g in spec):
         names = list(spec)
     else:
-        c.problem(path, f"expected a list of GPUs ([h1, h2]) or a range (h1-h4), got {show(spec)}")
+        c.problem(path, f"expected a list of GPUs ([h1, h2]), a range (h1-h4) or a share (50%), got {show(spec)}")
         return None
     known = {f"h{i}" for i in range(1, (fabric_gpus or 0) + 1)}
     bad = [g for g in names if fabric_gpus is not None and g not in known]

@@ -67,7 +67,7 @@ def test_an_uplink_down_mid_allreduce_is_rerouted_and_training_completes(tmp_pat
         assert set(e["rerouted_switches"]) == {"leaf1", "leaf2", "spine1"}, e
     # the iteration the link went down in is the one that stretched: packets on the dead
     # link were lost and go-back-N resent them after its timeout
-    assert down["iteration"] == 0
+    assert down["iteration"] == 0 and down["dropped_packets"] is not None
     steps = [i["step_ns"] for i in training["iterations"]]
     assert steps[0] == max(steps) and down["stretch"] > 1.05, (steps, down)
     assert training["transport"]["retransmitted"] > 0
@@ -76,3 +76,31 @@ def test_an_uplink_down_mid_allreduce_is_rerouted_and_training_completes(tmp_pat
         assert seen["routes"][switch] == seen["planned"][switch], switch
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["link_events"][0]["link"] == "leaf1-spine1"
+
+
+def test_a_spine_down_mid_allreduce_is_routed_around_and_back(tmp_path, clean_slate):
+    """A whole spine dark (every one of its links pulled) for 100 us of the first AllReduce:
+    the leaves forward over the other spine, training completes, and when the spine comes
+    back the leaves forward on the planned port sets again."""
+    seen = {}
+
+    def hook(ctx):
+        seen["routes"] = {s: route_ports(s) for s in ("leaf1", "leaf2")}
+        seen["planned"] = {s: {r.prefix: tuple(sorted(r.ports)) for r in ctx.plan.routes if r.switch == s}
+                           for s in ("leaf1", "leaf2")}
+
+    events = "events=[{at: 100us, action: down, switch: spine2}, {at: 200us, action: up, switch: spine2}]"
+    result, fidelity = run_trusted(lambda extra: scenario.load("collisions", ["workload.iterations=2", events, *extra]),
+                                   lambda f: run.RunOptions(results_dir=f, hook=hook), tmp_path)
+    assert result.status == "ok", result.reason
+    training = json.loads((result.run_dir / "training.json").read_text())
+    assert len(training["iterations"]) == 2 and not training["incomplete_iterations"]
+    assert training["incomplete_collectives"] == 0
+    down, up = training["link_events"]
+    assert down["link"] == "spine2 (every link)" and len(down["intfs"]) == 4
+    for e in (down, up):  # each leaf lost (and got back) two of its four uplinks
+        assert {"leaf1", "leaf2"} <= set(e["rerouted_switches"]), e
+        assert e["reroute_emulated_ns"] is not None and e["reroute_emulated_ns"] > 0, e
+    assert down["iteration"] == 0
+    for switch in ("leaf1", "leaf2"):
+        assert seen["routes"][switch] == seen["planned"][switch], switch

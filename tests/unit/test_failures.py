@@ -107,12 +107,23 @@ def test_what_a_failure_cost_comes_from_the_runs_files(tmp_path):
     s = 1_000_000_000  # CLOCK_MONOTONIC ns
     write_jsonl(tmp_path / "link-events.jsonl", [
         {"event": "link_down", "link": "leaf1-spine1", "intfs": ["leaf1-eth5"], "peers": ["spine1-eth1"],
-         "at_real_ns": 80_000, "due_ns": 14 * s, "t_ns": 14 * s + 2_000, "late_ns": 2_000}])
+         "at_real_ns": 80_000, "due_ns": 14 * s, "t_ns": 14 * s + 2_000, "late_ns": 2_000},
+        {"event": "end", "t_ns": 30 * s, "restored": ["leaf1-eth5"]}])
     write_jsonl(tmp_path / "controller-events.jsonl", [
         {"event": "switch_ready", "t_mono": 1.0},
         {"event": "port_status", "t_mono": 14.003, "live": False},
         {"event": "port_status", "t_mono": 14.004, "live": False},
-        {"event": "reroute_done", "t_mono": 14.010, "switches": ["leaf1", "spine1"], "flows": 2, "groups": 1}])
+        {"event": "reroute_done", "t_mono": 14.010, "switches": ["leaf1", "spine1"], "flows": 2, "groups": 1},
+        # after the end record: the link put back, then the fabric's teardown: not the event's
+        {"event": "reroute_done", "t_mono": 31.0, "switches": ["leaf1", "leaf2"], "flows": 9, "groups": 3}])
+    # cumulative port counters: spine1-eth1 dropped 3 after the event, 5 more at teardown;
+    # another port's drops are not the link's
+    write_jsonl(tmp_path / "ports.jsonl", [
+        {"t_ns": 13 * s, "intf": "spine1-eth1", "tx_dropped": 1, "rx_dropped": 0},
+        {"t_ns": 13 * s, "intf": "leaf2-eth5", "tx_dropped": 0, "rx_dropped": 0},
+        {"t_ns": 15 * s, "intf": "spine1-eth1", "tx_dropped": 3, "rx_dropped": 1},
+        {"t_ns": 15 * s, "intf": "leaf2-eth5", "tx_dropped": 7, "rx_dropped": 0},
+        {"t_ns": 31 * s, "intf": "spine1-eth1", "tx_dropped": 8, "rx_dropped": 1}])
     records = [{"type": "op", "iteration": it, "ready_ns": (10 + 5 * it) * s, "end_ns": (14 + 5 * it) * s + end}
                for it, end in ((0, 0), (1, 0), (2, 0))]
     records[0]["end_ns"] = 14 * s + s // 2  # iteration 0 ran past the event
@@ -125,8 +136,10 @@ def test_what_a_failure_cost_comes_from_the_runs_files(tmp_path):
     assert r["reroute_emulated_ns"] == pytest.approx(10e6 - 2_000, rel=1e-6)
     assert r["reroute_real_ns"] == pytest.approx((10e6 - 2_000) / 50_000, rel=1e-6)
     assert r["stretch"] == pytest.approx(1.5) and r["rerouted_switches"] == ["leaf1", "spine1"]
+    assert r["reroutes"] == 1 and r["flows_changed"] == 2 and r["dropped_packets"] == 3
     text = failures.sentence(rows, {"retransmitted": 40, "timeouts": 3}, lambda ns: f"{ns:.0f}ns")
     assert "link leaf1-spine1 down in iteration 1" in text and "x1.50" in text and "40 packets" in text
+    assert "dropped 3 packets" in text
 
 
 def test_a_switch_not_connected_yet_gets_its_new_routes_when_it_connects():

@@ -37,6 +37,15 @@ def test_jobs_are_refused_when_they_cannot_share_the_fabric():
         scenario.load("collisions", [TWO])
 
 
+def test_a_share_of_the_fabric_is_the_next_free_gpus():
+    sc = scenario.load("leaf-spine", ["jobs=[{name: a, traffic: dp-ring, gpus: [h1, h5]}, "
+                                      "{name: b, traffic: dp-ring, gpus: 50%}, {name: c, traffic: dp-ring, gpus: 25%}]"])
+    assert [j.gpus for j in sc.jobs] == [("h1", "h5"), ("h2", "h3", "h4", "h6"), ("h7", "h8")]
+    with pytest.raises(ConfigError, match=r"\[1\]\.gpus: expected a share .* at least 2 of the 2 no earlier job"):
+        scenario.load("leaf-spine", ["jobs=[{name: a, traffic: dp-ring, gpus: 75%}, {name: b, traffic: dp-ring, "
+                                     "gpus: 50%}]"])
+
+
 def test_per_job_results_come_from_its_gpus_alone():
     p = planning.build(scenario.load("leaf-spine", [TWO]))
     training = p.training.to_dict()
