@@ -52,10 +52,11 @@ def main() -> int:
           f"{'switches':>8} {'stretch':>7}")
     for e in failed["link_events"]:
         it = "-" if e["iteration"] is None else str(e["iteration"] + 1)
+        stretch = f"{e['stretch']:.2f}" if e["stretch"] else "-"  # every iteration hit: no calm one to compare
         here = lambda ns: f"{ns / 1e6:.1f}ms" if ns is not None else "-"  # noqa: E731
         print(f"{e['event']:>10} {it:>9} {here(e['detect_emulated_ns']):>12} {here(e['reroute_emulated_ns']):>12} "
               f"{fmt(e['reroute_real_ns']) if e['reroute_real_ns'] is not None else '-':>16} "
-              f"{len(e['rerouted_switches']):>8} {e['stretch'] or 0:>7.2f}")
+              f"{len(e['rerouted_switches']):>8} {stretch:>7}")
     print(f"{'run':>12} {'mean step':>10} {'JCT ratio':>9} {'retransmitted':>13} {'timeouts':>8}  verdict")
     for name, s in (("no failure", base), ("failures", failed)):
         t = s["transport"]
