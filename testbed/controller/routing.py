@@ -151,7 +151,8 @@ class FabricController:
                 self.ports.setdefault(node, []).append(port)
                 if node in {s["name"] for s in plan["switches"]} and link["kind"] == "uplink":
                     self.link_at[(node, port)] = link
-        self.graph = _graph(plan)
+        self.plan = plan  # the fabric's graph is built from it on the first port status
+        self._graph = None
         self.down: set = set()  # fabric links down, by their first end's interface
         self.next_group = {name: 1 + len({p for p in r.values() if len(p) > 1}) for name, r in self.routes.items()}
         self.reroute: dict | None = None
@@ -188,9 +189,11 @@ class FabricController:
             return []  # the other end already told us
         (self.down.discard if live else self.down.add)(key)
         fresh: dict[str, dict] = {}
-        for r in planned_routes.compute(self.graph["switches"], self.graph["hosts"],
-                                        [lk for lk in self.graph["links"] if lk.a_intf not in self.down],
-                                        self.graph["leaves"]):
+        if self._graph is None:
+            self._graph = _graph(self.plan)
+        g = self._graph
+        for r in planned_routes.compute(g["switches"], g["hosts"], [lk for lk in g["links"] if lk.a_intf not in self.down],
+                                        g["leaves"]):
             fresh.setdefault(r.switch, {})[r.prefix] = r.ports
         out = []
         for dp, s in sorted(self.switches.items()):
