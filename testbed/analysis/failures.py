@@ -15,14 +15,14 @@ from testbed.jsonlines import read_events
 
 def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -> list:
     """One row per link event, in order; [] when the run had none."""
-    lines = read_events(run_dir / "link-events.jsonl") if (run_dir / "link-events.jsonl").exists() else []
+    lines = read_events(run_dir / "link-events.jsonl")
     events = [e for e in lines if e.get("event") in ("link_down", "link_up")]
     if not events:
         return []
     # the last event's window closes at the end record (links restored, teardown after it)
     end_ns = next((e["t_ns"] for e in lines if e.get("event") == "end"), None)
     ctl = read_events(run_dir / "controller-events.jsonl")
-    ports = read_events(run_dir / "ports.jsonl") if (run_dir / "ports.jsonl").exists() else []
+    ports = read_events(run_dir / "ports.jsonl")
     spans = _iteration_spans(records)
     hit = {}
     rows = []
@@ -101,8 +101,8 @@ def sentence(rows: list, transport: dict, fmt_d) -> str:
         took = (f"the controller rerouted {len(r['rerouted_switches'])} switches in {fmt_d(r['reroute_real_ns'])} "
                 f"of fabric time" if r["reroute_real_ns"] is not None else "no reroute was recorded")
         stretch = (f"; that iteration took x{r['stretch']:.2f} the others' median" if r["stretch"] else "")
-        lost = f"; the switches dropped {r['dropped_packets']} packets on it" if r.get("dropped_packets") else ""
-        parts.append(f"link {r['link']} {r['event'].split('_')[1]} {where}: {took}{lost}{stretch}")
+        dropped = f"; the switches dropped {r['dropped_packets']} packets on it" if r.get("dropped_packets") else ""
+        parts.append(f"link {r['link']} {r['event'].split('_')[1]} {where}: {took}{dropped}{stretch}")
     lost = (f" {transport.get('retransmitted', 0)} packets were retransmitted ({transport.get('timeouts', 0)} "
             f"timeouts)." if transport else "")
     return "Link events: " + "; ".join(parts) + "." + lost

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from functools import cached_property
 from types import SimpleNamespace
 
 from testbed.model import routes as planned_routes
@@ -151,8 +152,7 @@ class FabricController:
                 self.ports.setdefault(node, []).append(port)
                 if node in {s["name"] for s in plan["switches"]} and link["kind"] == "uplink":
                     self.link_at[(node, port)] = link
-        self.plan = plan  # the fabric's graph is built from it on the first port status
-        self._graph = None
+        self.plan = plan
         self.down: set = set()  # fabric links down, by their first end's interface
         self.next_group = {name: 1 + len({p for p in r.values() if len(p) > 1}) for name, r in self.routes.items()}
         self.reroute: dict | None = None
@@ -189,9 +189,7 @@ class FabricController:
             return []  # the other end already told us
         (self.down.discard if live else self.down.add)(key)
         fresh: dict[str, dict] = {}
-        if self._graph is None:
-            self._graph = _graph(self.plan)
-        g = self._graph
+        g = self.graph
         for r in planned_routes.compute(g["switches"], g["hosts"], [lk for lk in g["links"] if lk.a_intf not in self.down],
                                         g["leaves"]):
             fresh.setdefault(r.switch, {})[r.prefix] = r.ports
@@ -242,6 +240,12 @@ class FabricController:
         self.connected.discard(dpid)
         self.pending.pop(dpid, None)
         return []
+
+    @cached_property
+    def graph(self) -> dict:
+        """The fabric as ``model.routes.compute`` walks it: built on the first port status,
+        not at start (a controller that never reroutes never needs it)."""
+        return _graph(self.plan)
 
     @property
     def all_ready(self) -> bool:
