@@ -65,12 +65,16 @@ def test_an_uplink_down_mid_allreduce_is_rerouted_and_training_completes(tmp_pat
         assert e["port_status_messages"] >= 2, e
         assert e["reroute_emulated_ns"] is not None and e["reroute_emulated_ns"] > 0, e
         assert set(e["rerouted_switches"]) == {"leaf1", "leaf2", "spine1"}, e
-    # the iteration the link went down in is the one that stretched: packets on the dead
-    # link were lost and go-back-N resent them after its timeout
+    # the iteration the link went down in is the one that stretched (its flows squeezed onto
+    # the remaining uplinks, and any packet on the dead link resent by go-back-N)
     assert down["iteration"] == 0 and down["dropped_packets"] is not None
     steps = [i["step_ns"] for i in training["iterations"]]
     assert steps[0] == max(steps) and down["stretch"] > 1.05, (steps, down)
-    assert training["transport"]["retransmitted"] > 0
+    # whether a packet was on the dead links when they went depends on where ECMP hashed
+    # the flows in that run (seen here: 0 to 7 retransmissions); what the switches counted
+    # lost must have been resent
+    if down["dropped_packets"]:
+        assert training["transport"]["retransmitted"] > 0, down
     # plugged back in: the switches forward on the planned port sets again
     for switch in ("leaf1", "spine1"):
         assert seen["routes"][switch] == seen["planned"][switch], switch
