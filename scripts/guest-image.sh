@@ -4,9 +4,9 @@
 #
 #   image=$(bash scripts/guest-image.sh)
 #
-# The folder ($TESTBED_IMAGE_CACHE, keyed on this script) holds root.ext4 (an ext4 file
-# system, no partition table: the VM boots with libvirt's direct kernel boot), vmlinuz and
-# initrd.img, all from Debian 12 with mmdebstrap, no loop mounts:
+# The folder ($TESTBED_IMAGE_CACHE, keyed on this script and setup.cfg's requirements)
+# holds root.ext4 (an ext4 file system, no partition table: the VM boots with libvirt's
+# direct kernel boot), vmlinuz and initrd.img, all from Debian 12 with mmdebstrap, no loop mounts:
 #   - stock linux-image-amd64, Open vSwitch, Mininet, iproute2 and every Debian package
 #     scripts/install.sh installs (so provisioning the lab VM finds them);
 #   - /opt/testbed/venv with the Python packages: the venv the Vagrantfile's provisioning
@@ -22,7 +22,21 @@ cache_root=${TESTBED_IMAGE_CACHE:-/var/cache/testbed-lab-vm}
 packages=(linux-image-amd64 kmod udev systemd-sysv dbus openssh-server sudo
           openvswitch-switch mininet python3-venv python3-pip python3-setuptools
           iproute2 ethtool iputils-ping tcpdump tshark iperf3 procps clang llvm libbpf-dev bpftool)
-pip_packages=("os-ken>=4.2,<5" "pyroute2>=0.9" "scapy>=2.5" "PyYAML>=6.0" "pandas>=2.0" "plotly>=5.18" "pytest>=7")
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# the project's own requirements (install_requires and the test extra), read from setup.cfg so
+# this list cannot fall behind it (it did: protobuf was added there and not here, and the lab
+# VM, which has no index, could not install the project)
+mapfile -t pip_packages < <(python3 - "$repo/setup.cfg" <<'PY'
+import configparser, sys
+cfg = configparser.ConfigParser()
+cfg.read(sys.argv[1])
+for section, key in (("options", "install_requires"), ("options.extras_require", "test")):
+    for line in cfg[section][key].splitlines():
+        if line.strip():
+            print(line.strip())
+PY
+)
+[ "${#pip_packages[@]}" -gt 0 ] || { echo "guest-image.sh: no requirements read from $repo/setup.cfg" >&2; exit 1; }
 build_packages=("setuptools>=61" wheel)   # what `pip install -e` builds the project with
 
 say() { printf '[guest-image] %s\n' "$*" >&2; }
@@ -40,7 +54,7 @@ for tool in mmdebstrap mke2fs qemu-system-x86_64 vagrant; do
     fi
 done
 
-key=$(sha256sum < "${BASH_SOURCE[0]}" | cut -c1-16)
+key=$({ cat "${BASH_SOURCE[0]}"; printf '%s\n' "${pip_packages[@]}"; } | sha256sum | cut -c1-16)
 image="$cache_root/$key"
 if [ -f "$image/root.ext4" ]; then
     echo "$image"
