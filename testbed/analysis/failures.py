@@ -1,6 +1,7 @@
 """What each link event cost (pure, from the run's files): when it happened, how long the
 controller took to reroute (real time here, and what that is on the real fabric), which
-iteration it fell in, and how much longer that iteration took than the others.
+iteration it fell in, and how much longer that iteration took than the others. A slowed
+link is not rerouted (nothing goes down): its row has the rate and the stretch.
 
 Every time is CLOCK_MONOTONIC on this machine: the event file's ``t_ns`` (apply.events),
 the controller's ``t_mono`` (seconds) and the agents' op records (``ready_ns``/``end_ns``).
@@ -16,7 +17,7 @@ from testbed.jsonlines import read_events
 def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -> list:
     """One row per link event, in order; [] when the run had none."""
     lines = read_events(run_dir / "link-events.jsonl")
-    events = [e for e in lines if e.get("event") in ("link_down", "link_up")]
+    events = [e for e in lines if e.get("event") in ("link_down", "link_up", "link_slow")]
     if not events:
         return []
     # the last event's window closes at the end record (links restored, teardown after it)
@@ -37,6 +38,7 @@ def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -
         seen = [c for c in ctl if c.get("event") == "port_status" and t_s <= c["t_mono"] < nxt]
         it = next((k for k, (a, b) in sorted(spans.items()) if a <= e["t_ns"] <= b), None)
         row = {"event": e["event"], "link": e["link"], "intfs": e["intfs"], "at_real_ns": e["at_real_ns"],
+               "rate_bps": e.get("rate_bps"),
                "late_emulated_ns": e["late_ns"], "iteration": it,
                "port_status_messages": len(seen),
                "detect_emulated_ns": (seen[0]["t_mono"] - t_s) * 1e9 if seen else None,
@@ -98,11 +100,18 @@ def sentence(rows: list, transport: dict, fmt_d) -> str:
     parts = []
     for r in rows:
         where = f"in iteration {r['iteration'] + 1}" if r["iteration"] is not None else "between iterations"
-        took = (f"the controller rerouted {len(r['rerouted_switches'])} switches in {fmt_d(r['reroute_real_ns'])} "
-                f"of fabric time" if r["reroute_real_ns"] is not None else "no reroute was recorded")
+        if r["event"] == "link_slow":
+            took = "the routes kept sending traffic over it (nothing went down, nothing was rerouted)"
+            what = f"slowed to {r['rate_bps'] / 1e9:g} Gbit/s"
+        else:
+            took = (f"the controller rerouted {len(r['rerouted_switches'])} switches in "
+                    f"{fmt_d(r['reroute_real_ns'])} of fabric time" if r["reroute_real_ns"] is not None else
+                    "no reroute was recorded")
+            what = r["event"].split("_")[1] + (f" (at {r['rate_bps'] / 1e9:g} Gbit/s again)" if r.get("rate_bps")
+                                               else "")
         stretch = (f"; that iteration took x{r['stretch']:.2f} the others' median" if r["stretch"] else "")
         dropped = f"; the switches dropped {r['dropped_packets']} packets on it" if r.get("dropped_packets") else ""
-        parts.append(f"link {r['link']} {r['event'].split('_')[1]} {where}: {took}{dropped}{stretch}")
+        parts.append(f"link {r['link']} {what} {where}: {took}{dropped}{stretch}")
     lost = (f" {transport.get('retransmitted', 0)} packets were retransmitted ({transport.get('timeouts', 0)} "
             f"timeouts)." if transport else "")
     return "Link events: " + "; ".join(parts) + "." + lost

@@ -52,15 +52,17 @@ def _check(name, value, ok, cause, factor=None, detail=""):
 
 def dequeue_rate(r) -> dict | None:
     q = r.queues
-    if q.empty or "tbf_backlog_bytes" not in q or "emulated_rate_bps" not in q:
+    # the rate in force at each sample (a link event may slow a port); older runs: the plan's
+    rate_col = "emulated_rate_now_bps" if "emulated_rate_now_bps" in q else "emulated_rate_bps"
+    if q.empty or "tbf_backlog_bytes" not in q or rate_col not in q:
         return None
     paused = _paused_spans(r)
     sent = capacity = 0.0
     ports = set()
     for intf, g in q.sort_values("t_ns").groupby("intf"):
-        rows = g[["t_ns", "tbf_backlog_bytes", "tbf_sent_bytes", "emulated_rate_bps"]].to_numpy()
-        for (t0, b0, s0, rate), (t1, b1, s1, _) in zip(rows[:-1], rows[1:]):
-            if b0 <= 0 or b1 <= 0 or any(a < t1 and b > t0 for a, b in paused.get(intf, ())):
+        rows = g[["t_ns", "tbf_backlog_bytes", "tbf_sent_bytes", rate_col]].to_numpy()
+        for (t0, b0, s0, rate), (t1, b1, s1, rate1) in zip(rows[:-1], rows[1:]):
+            if b0 <= 0 or b1 <= 0 or rate1 != rate or any(a < t1 and b > t0 for a, b in paused.get(intf, ())):
                 continue
             sent += (s1 - s0) * 8
             capacity += rate * (t1 - t0) / 1e9

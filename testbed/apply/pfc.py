@@ -22,6 +22,12 @@ watchdog it set at the paused rate (seconds for one frame at a few kbit/s) acros
 change, so without it a backlog with no new arrival behind it would sit out that wait. The control class (CNPs, ACKs) keeps flowing. Frames are
 sent with PACKET_QDISC_BYPASS, so they do not wait behind the data they are meant to stop.
 
+The process owns the data class's rate, since pausing changes it: a link event that slows a
+link (``rate BPS INTF...`` on its stdin, real bit/s; answered ``rate ok`` once done) sets
+the ports' rate in the marker's config (where the shadow queue drains, and where the
+collector reads it) and, unless the port is paused, in its TBF; a resume restores the
+rate in force, and pause quanta last 512 bit-times at it.
+
 Records (``pfc.jsonl`` in the run folder, as they happen): frames sent and received,
 pauses and resumes; at the end, per port: frames, paused time, headroom high-water
 (shadow depth above XOFF seen while polling) and the marker's drops.
@@ -53,6 +59,8 @@ POLL_S = 0.001
 @dataclass
 class Port:
     pq: dict  # model.queues.PortQueue as a dict (from plan.json)
+    rate_bps: float  # the data class's emulated rate in force (the plan's until a link event slows it)
+    real_rate_bps: float  # the same on the real fabric
     ifindex: int
     mac: str
     sock: socket.socket
@@ -87,7 +95,8 @@ class Pfcd:
             mac = Path(f"/sys/class/net/{intf}/address").read_text().strip()
             pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
             hyst = Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
-            self.ports[intf] = Port(pq=pq, ifindex=socket.if_nametoindex(intf), mac=mac, sock=pfc.open_socket(intf),
+            self.ports[intf] = Port(pq=pq, rate_bps=pq["emulated_rate_bps"], real_rate_bps=pq["rate_bps"],
+                                    ifindex=socket.if_nametoindex(intf), mac=mac, sock=pfc.open_socket(intf),
                                     restart=pfc.open_restart_socket(intf), feeders=tuple(pq["feeders"]), hyst=hyst)
 
     def record(self, **fields):
@@ -125,7 +134,7 @@ class Pfcd:
             if raw is None:
                 continue
             state = bpfmaps.marker_state(raw)
-            rate = 0.0 if port.paused_since_ns is not None else port.pq["emulated_rate_bps"]
+            rate = 0.0 if port.paused_since_ns is not None else port.rate_bps
             depth = bpfmaps.shadow_depth_now(state, rate, now)
             if depth - port.pq["xoff_bytes"] > port.headroom_high_water_bytes:
                 port.headroom_high_water_bytes = depth - port.pq["xoff_bytes"]
@@ -150,7 +159,7 @@ class Pfcd:
         pq = port.pq
         if paused == (port.paused_since_ns is not None):
             return
-        rate = PAUSED_RATE_BPS if paused else pq["emulated_rate_bps"]
+        rate = PAUSED_RATE_BPS if paused else port.rate_bps
         self.tc.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
         if not paused:
             try:  # the TBF still waits on the watchdog it set at the paused rate: restart it now
@@ -160,11 +169,7 @@ class Pfcd:
         if paused:
             took = time.monotonic_ns() - now
             self.reaction["pause_apply_max_ns"] = max(self.reaction["pause_apply_max_ns"], took)
-        raw = self.cfg_map.lookup(port.ifindex)
-        if raw is not None:  # flip only "paused" (the run wrote the rest)
-            fields = list(struct.unpack(bpfmaps.CFG_FORMAT, raw))
-            fields[bpfmaps.CFG_PAUSED] = int(paused)
-            self.cfg_map.update(port.ifindex, struct.pack(bpfmaps.CFG_FORMAT, *fields))
+        self.update_cfg(port, bpfmaps.CFG_PAUSED, int(paused))
         if paused:
             port.paused_since_ns = now
         else:
@@ -172,6 +177,39 @@ class Pfcd:
             port.paused_since_ns = None
         self.record(t_ns=now, event="paused" if paused else "resumed", port=pq["intf"])
         self.publish(port)
+
+    def update_cfg(self, port: Port, index: int, value: int):
+        """One field of the port's marker config (the run wrote the rest)."""
+        raw = self.cfg_map.lookup(port.ifindex)
+        if raw is not None:
+            fields = list(struct.unpack(bpfmaps.CFG_FORMAT, raw))
+            fields[index] = value
+            self.cfg_map.update(port.ifindex, struct.pack(bpfmaps.CFG_FORMAT, *fields))
+
+    def set_rate(self, real_rate_bps: float, intfs: list, now: int):
+        """A link event's new rate on ports (both ends of the links): the marker's shadow
+        drains at it from now, the TBF sends at it unless the port is paused (then the
+        resume does)."""
+        for intf in intfs:
+            port = self.ports[intf]
+            port.real_rate_bps = real_rate_bps
+            port.rate_bps = self.d.rate_bps(real_rate_bps)
+            self.update_cfg(port, bpfmaps.CFG_RATE, int(port.rate_bps))
+            if port.paused_since_ns is None:
+                pq = port.pq
+                self.tc.set_rate(intf, port.rate_bps, pq["burst_bytes"], pq["fifo_limit_bytes"])
+                try:  # a TBF keeps the watchdog it set at the old rate: restart it at the new one
+                    port.restart.send(pfc.restart_frame(port.mac))
+                except OSError as exc:
+                    self.record(t_ns=now, event="restart_failed", port=intf, error=str(exc))
+            self.record(t_ns=now, event="rate_set", port=intf, rate_bps=real_rate_bps,
+                        emulated_rate_bps=port.rate_bps, paused=port.paused_since_ns is not None)
+
+    def command(self, line: str, now: int):
+        """A line from the run on stdin (``rate BPS INTF...``), answered on stdout."""
+        real_rate_bps, intfs = parse_rate_command(line, self.ports)
+        self.set_rate(real_rate_bps, intfs, now)
+        print("rate ok", flush=True)
 
     def receive(self, port: Port, now: int):
         for src, quanta in pfc.drain(port.sock):
@@ -183,7 +221,7 @@ class Pfcd:
             self.publish(port)
             q = quanta[pfc.LOSSLESS_PRIORITY]
             if q:
-                port.paused_until_ns = now + int(self.d.duration_ns(pfc.pause_ns(q, port.pq["rate_bps"])))
+                port.paused_until_ns = now + int(self.d.duration_ns(pfc.pause_ns(q, port.real_rate_bps)))
                 self.set_paused(port, True, now)
             else:
                 port.paused_until_ns = 0
@@ -204,8 +242,10 @@ class Pfcd:
             now = time.monotonic_ns()
             for fd in readable:
                 if fd is control:
-                    if not control.readline():
+                    line = control.readline()
+                    if not line:
                         return
+                    self.command(line, now)
                 else:
                     self.receive(socks[fd], now)
             if now >= next_poll:
@@ -228,12 +268,25 @@ class Pfcd:
         self.record(event="reaction", **self.reaction)
 
 
+def parse_rate_command(line: str, ports) -> tuple[float, list]:
+    """``rate BPS INTF...`` -> (real bit/s, interfaces); ValueError for anything else (the
+    run and this process are one program: a bad line is a bug, and ends the process)."""
+    words = line.split()
+    if len(words) < 3 or words[0] != "rate" or not words[1].isdigit() or int(words[1]) <= 0:
+        raise ValueError(f"expected 'rate BPS INTF...', got {line.strip()!r}")
+    unknown = [w for w in words[2:] if w not in ports]
+    if unknown:
+        raise ValueError(f"not a switch port of this run: {', '.join(unknown)}")
+    return float(words[1]), words[2:]
+
+
 class PfcDaemon:
     """Context manager: the run's PFC process, started once its ports exist, ended (by
-    closing its stdin, then by PID) on exit."""
+    closing its stdin, then by PID) on exit. ``set_rate`` hands it a link event's rate."""
 
     READY_TIMEOUT_S = 30
     EXIT_TIMEOUT_S = 10
+    RATE_TIMEOUT_S = 10
 
     def __init__(self, plan_path: Path, pins: Path, run_dir: Path, record):
         self.run_dir, self.record = run_dir, record
@@ -250,6 +303,14 @@ class PfcDaemon:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def set_rate(self, real_rate_bps: int, intfs) -> int:
+        """Ports' data class to ``real_rate_bps`` (x dilation here); returns when the process
+        has done it (CLOCK_MONOTONIC ns). Called from one thread (the link events')."""
+        self.child.send(f"rate {int(real_rate_bps)} {' '.join(intfs)}")
+        self.child.expect("rate ok", time.monotonic() + self.RATE_TIMEOUT_S,
+                          f"the PFC process to set {', '.join(intfs)} to {real_rate_bps} bit/s")
+        return time.monotonic_ns()
 
     def check_alive(self):
         if not self.child.alive():

@@ -62,7 +62,9 @@ class EgressQueues:
         if before is None:
             return 0.0, backlog, after is None
         state = bpfmaps.marker_state(before)
-        shadow = bpfmaps.shadow_depth_now(state, self.by_ifindex[idx].emulated_rate_bps, (t0 + t1) // 2)
+        cfg = self.marker.cfg.lookup(idx)  # the rate in force (a link event may have slowed the port)
+        rate = bpfmaps.cfg_rate_bps(cfg) if cfg else self.by_ifindex[idx].emulated_rate_bps
+        shadow = bpfmaps.shadow_depth_now(state, rate, (t0 + t1) // 2)
         clean = after is not None and bpfmaps.marker_state(after)["packets"] == state["packets"]
         return shadow, backlog, clean
 

@@ -29,6 +29,7 @@ class Collector:
         self.pins = Path(pins) if pins else None
         self.counters: Counters | None = None
         self.pfc: bpfmap.Map | None = None  # the PFC process's per-port counters
+        self.cfg: bpfmap.Map | None = None  # the marker's per-port config: the rate in force
         self.qdiscs: QdiscReader | None = None
         self.ifindex: dict[str, int] = {}
         self.polls = 0
@@ -40,8 +41,9 @@ class Collector:
             f.close()
         if self.counters is not None:
             self.counters.close()
-        if self.pfc is not None:
-            self.pfc.close()
+        for m in (self.pfc, self.cfg):
+            if m is not None:
+                m.close()
         if self.qdiscs is not None:
             self.qdiscs.close()
 
@@ -60,10 +62,12 @@ class Collector:
             ifindex = {pq["intf"]: socket.if_nametoindex(pq["intf"]) for pq in self.queues}
             self.counters = Counters(self.pins)
             self.pfc = bpfmap.Map(str(self.pins / "testbed_pfc"), bpfmaps.PFC_SIZE)
+            self.cfg = bpfmap.Map(str(self.pins / "testbed_cfg"), bpfmaps.CFG_SIZE)
         except OSError:
-            if self.counters is not None:
-                self.counters.close()
-                self.counters = None
+            for m in (self.counters, self.pfc):
+                if m is not None:
+                    m.close()
+            self.counters = self.pfc = None
             return False
         self.ifindex = ifindex
         self.qdiscs = QdiscReader()
@@ -87,7 +91,9 @@ class Collector:
                 continue
             raw = self.pfc.lookup(idx)
             pfc = bpfmaps.pfc_counters(raw) if raw else None
-            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf, pfc))
+            cfg = self.cfg.lookup(idx)
+            rate = bpfmaps.cfg_rate_bps(cfg) if cfg else pq["emulated_rate_bps"]
+            records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf, pfc, rate))
         self.write("queues", records)
         return len(records)
 

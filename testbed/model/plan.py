@@ -245,7 +245,7 @@ def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
                                     int(dilation.duration_ns(telemetry_interval_real_ns))),
                 link_delay=link_delay)
     table = plan.route_table()
-    plan = replace(plan, queues=_queues(plan, table), events=link_events.resolve(scenario, links))
+    plan = replace(plan, queues=_queues(plan, table), events=link_events.resolve(scenario, links, dilation))
     limits.check(plan)
     if scenario.workload is not None:
         plan = replace(plan, training=plan_training(plan, scenario.workload, table))

@@ -158,7 +158,8 @@ class Run:
         self.fab = stack.enter_context(MininetFabric(self.plan, self.run_id, self.manifest.datapath, port,
                                                      self.record, work, link_delay=netem))
         self.egress = stack.enter_context(EgressQueues(self.plan, self.run_id, link_delay=netem))
-        if any(pq.pfc for pq in self.plan.queues):
+        # the PFC process also owns the data class's rate: a run whose events slow a link needs it
+        if any(pq.pfc for pq in self.plan.queues) or any(e.rate_bps for e in self.plan.events):
             from testbed.apply.pfc import PfcDaemon
 
             self.pfcd = stack.enter_context(PfcDaemon(self.plan_path, self.egress.marker.dir, self.run_dir,
@@ -213,7 +214,8 @@ class Run:
         from testbed.run.training import train
 
         self.manifest.workload = {"iterations": tp.iterations}
-        self.manifest.training = train(self.fab, self.plan, self.plan_path, self.run_dir, self.record, self.timings)
+        self.manifest.training = train(self.fab, self.plan, self.plan_path, self.run_dir, self.record, self.timings,
+                                       set_rate=self.pfcd.set_rate if self.pfcd is not None else None)
         self.ctl.check_alive()
         interval_s = self.plan.telemetry.interval_emulated_ns / 1e9
         self.ctl.wait_poll_after(time.monotonic_ns(), 3 * interval_s + 5)

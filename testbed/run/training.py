@@ -18,15 +18,16 @@ HANG_GUARD_RATIO = 20  # the agents' deadline: 20x the ideal, at least HANG_GUAR
 HANG_GUARD_MIN_S = 120.0
 
 
-def train(fab, plan, plan_path, run_dir, record, timings: dict) -> dict:
-    """Runs the training to the end; writes training.json and returns its headline."""
+def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None) -> dict:
+    """Runs the training to the end; writes training.json and returns its headline.
+    ``set_rate(real_bps, intfs)``: how link events slow a link (the PFC process's)."""
     tp, wl = plan.training, plan.scenario.workload
     t0 = time.monotonic()
     records_dir = run_dir / "agents"
     ideal_emulated_s = tp.iterations * plan.dilation.duration_ns(tp.ideal["iteration_ns"]) / 1e9
     progress = None
     try:
-        with LinkEvents(plan.events, plan.dilation, run_dir) as events, \
+        with LinkEvents(plan.events, plan.dilation, run_dir, set_rate) as events, \
                 Agents(fab, list(tp.ranks), plan_path, records_dir, record) as agents:
             if wl is None:
                 LOG.info("training: %d jobs on %d GPUs (%s); ideal %s per iteration of the slowest", len(tp.jobs),

@@ -57,17 +57,26 @@ def snapshot(run: dict) -> list[dict]:
         state_map = Map(str(pins / "testbed_state"), bpfmaps.STATE_SIZE)
     except BpfError as exc:
         raise RunError(f"the run's marker maps are not there yet: {exc}") from None
+    try:
+        cfg_map = Map(str(pins / "testbed_cfg"), bpfmaps.CFG_SIZE)
+    except BpfError as exc:
+        state_map.close()
+        raise RunError(f"the run's marker maps are not there yet: {exc}") from None
     from testbed.apply.tc import PortTc  # pyroute2: only when a live run is read
 
-    with state_map, PortTc() as tc:
+    with state_map, cfg_map, PortTc() as tc:
         now = time.monotonic_ns()
         for pq in plan["queues"]:
             idx = tc.ifindex(pq["intf"])
             raw = state_map.lookup(idx, lock=True)
             s = bpfmaps.marker_state(raw) if raw else {k: 0 for k in bpfmaps.STATE_FIELDS}
-            depth = bpfmaps.shadow_depth_now(s, pq["emulated_rate_bps"], now) if raw else 0.0
+            cfg = cfg_map.lookup(idx)
+            # the rate in force: a link event may have slowed the port
+            emulated = bpfmaps.cfg_rate_bps(cfg) if cfg else pq["emulated_rate_bps"]
+            depth = bpfmaps.shadow_depth_now(s, emulated, now) if raw else 0.0
             q = tc.qdisc_stats(pq["intf"])
-            rows.append({**pq, "depth_bytes": depth, "max_depth_bytes": s["max_depth_bytes"],
+            rows.append({**pq, "emulated_rate_bps": emulated, "rate_bps": pq["rate_bps"] * emulated
+                         / pq["emulated_rate_bps"], "depth_bytes": depth, "max_depth_bytes": s["max_depth_bytes"],
                          "packets": s["packets"], "ect": s["ect"], "marked": s["marked"], "drops": s["drops"],
                          "tbf_backlog_bytes": q["backlog_bytes"], "tbf_drops": q["drops"],
                          "control_packets": s["control_packets"],

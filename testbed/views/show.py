@@ -34,7 +34,9 @@ def _header(plan: Plan) -> list[str]:
                               f"{len(plan.adaptive_choices())} decision entries)" if fab.routing == "adaptive"
                               else "ecmp (select groups hash the 5-tuple)"))
     for e in plan.events:
-        out.append(f"event: at {format_duration(e.at_ns)} after the start, link {e.name} {e.action} "
+        rate = (f" to {format_rate(e.rate_bps)}bit/s ({format_rate(d.rate_bps(e.rate_bps))}bit/s emulated)"
+                if e.rate_bps else "")
+        out.append(f"event: at {format_duration(e.at_ns)} after the start, link {e.name} {e.action}{rate} "
                    f"({', '.join(e.intfs)}; {format_duration(d.duration_ns(e.at_ns))} emulated)")
     out.append(f"dilation: {d.factor:g} ({plan.dilation_reason})")
     out.append(f"  real 400G = {format_rate(d.rate_bps(400e9))}bit/s emulated; real 1us = "

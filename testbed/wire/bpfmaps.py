@@ -13,6 +13,7 @@ PMAX_ONE = 2 ** 32
 # bpf/marker.c: struct cfg (8 x u64) and struct state (13 x u64 + spin lock, padded)
 CFG_FORMAT = "=8Q"
 CFG_SIZE = struct.calcsize(CFG_FORMAT)
+CFG_RATE = 0  # index of "rate_bps" in struct cfg (the PFC process sets it when a link event slows a port)
 CFG_PAUSED = 6  # index of "paused" in struct cfg (the PFC process flips it)
 STATE_FORMAT = "=13Q8x"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
@@ -34,6 +35,11 @@ def marker_cfg(pq, paused: bool = False) -> bytes:
         pmax = 0
     return struct.pack(CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes, pq.buffer_bytes, kmin, kmax, pmax,
                        int(paused), int(pq.trim))
+
+
+def cfg_rate_bps(raw: bytes) -> int:
+    """The emulated port rate in a port's ``struct cfg`` (a link event may have changed it)."""
+    return struct.unpack(CFG_FORMAT, raw)[CFG_RATE]
 
 
 def shadow_depth_now(state: dict, emulated_rate_bps: float, now_ns: int) -> float:

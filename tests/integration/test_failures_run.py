@@ -1,6 +1,7 @@
 """A link pulled mid-AllReduce on the real fabric: the controller reroutes, training
 completes with every byte delivered, the iteration it hit is the one that stretched, and
-plugging the link back restores the planned paths."""
+plugging the link back restores the planned paths. A link slowed mid-AllReduce: its ports
+really send at the lower rate, nothing is rerouted, and ``up`` gives the rate back."""
 
 import json
 import re
@@ -10,6 +11,7 @@ import pytest
 
 from testbed import run
 from testbed.config import scenario
+from testbed.jsonlines import read_events
 from conftest import run_trusted
 
 pytestmark = pytest.mark.integration
@@ -108,3 +110,49 @@ def test_a_spine_down_mid_allreduce_is_routed_around_and_back(tmp_path, clean_sl
     assert down["iteration"] == 0
     for switch in ("leaf1", "leaf2"):
         assert seen["routes"][switch] == seen["planned"][switch], switch
+
+
+def test_a_link_slowed_mid_allreduce_sends_at_the_lower_rate_until_it_is_back(tmp_path, clean_slate):
+    """leaf1's two links to spine1 at 50G instead of 400G from 80 us to 300 us (the first
+    AllReduce): the four ports' shapers and shadow queues run at 50G x dilation, what they
+    sent in that window is at most that, the controller reroutes nothing, training
+    completes, and after ``up`` the ports run at the planned rate again."""
+    events = ("events=[{at: 80us, action: slow, link: leaf1-spine1, rate: 50G}, "
+              "{at: 300us, action: up, link: leaf1-spine1}]")
+    result, fidelity = run_trusted(lambda extra: scenario.load("collisions", ["workload.iterations=3", events, *extra]),
+                                   lambda f: run.RunOptions(results_dir=f), tmp_path)
+    assert result.status == "ok", result.reason
+    assert fidelity["verdict"] == "trusted", fidelity["text"]
+    d = result.run_dir
+    plan = json.loads((d / "plan.json").read_text())
+    factor = plan["dilation"]
+    training = json.loads((d / "training.json").read_text())
+    assert len(training["iterations"]) == 3 and not training["incomplete_iterations"]
+    assert training["incomplete_collectives"] == 0
+    slow, up = training["link_events"]
+    assert (slow["event"], slow["rate_bps"], up["event"], up["rate_bps"]) == ("link_slow", 50e9, "link_up", 400e9)
+    assert slow["reroutes"] == 0 and slow["port_status_messages"] == 0, slow
+    assert slow["iteration"] == 0
+    ports = {"leaf1-eth5", "leaf1-eth7", "spine1-eth1", "spine1-eth2"}
+    # the PFC process set both ends of both links, then set them back
+    sets = [r for r in read_events(d / "pfc.jsonl") if r.get("event") == "rate_set"]
+    assert {(r["port"], r["rate_bps"]) for r in sets} == {(p, rate) for p in ports for rate in (50e9, 400e9)}
+    lines = read_events(d / "link-events.jsonl")
+    t_slow, t_up = (e["rate_set_ns"] for e in lines if e.get("event") in ("link_slow", "link_up"))
+    queues = [q for q in read_events(d / "queues.jsonl") if q["intf"] in ports]
+    during = [q for q in queues if t_slow < q["t_ns"] < t_up]
+    after = [q for q in queues if q["t_ns"] > t_up]
+    assert during and after
+    assert {q["emulated_rate_now_bps"] for q in during} == {50e9 / factor}
+    assert {q["emulated_rate_now_bps"] for q in after} == {400e9 / factor}
+    # the shapers really sent at the lower rate: at most 50G x dilation (plus one bucket)
+    # over the window, per port; and the links carried the ring's traffic meanwhile
+    carried = 0
+    for intf in ports:
+        mine = sorted((q for q in during if q["intf"] == intf), key=lambda q: q["t_ns"])
+        sent_bits = (mine[-1]["tbf_sent_bytes"] - mine[0]["tbf_sent_bytes"]) * 8
+        span_s = (mine[-1]["t_ns"] - mine[0]["t_ns"]) / 1e9
+        burst_bits = next(pq["burst_bytes"] for pq in plan["queues"] if pq["intf"] == intf) * 8
+        assert sent_bits <= 50e9 / factor * span_s * 1.05 + burst_bits, (intf, sent_bits, span_s)
+        carried += sent_bits
+    assert carried > 0

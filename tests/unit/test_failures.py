@@ -153,3 +153,45 @@ def test_a_switch_not_connected_yet_gets_its_new_routes_when_it_connects():
     flows = {dict(m.match).get("ipv4_dst", ("",))[0]: m.actions[-1] for m in msgs
              if isinstance(m, routing.FlowAdd) and m.table == routing.ROUTE_TABLE}
     assert flows["10.0.1.0"] == ("output", 2)
+
+
+def test_a_slowed_link_sets_its_rate_on_both_ends_and_up_restores_it():
+    p = planning.build(scenario.load("collisions", [
+        "events=[{at: 1us, action: slow, link: leaf1-spine2, rate: 100G}, {at: 2us, action: down, link: leaf2-eth5},"
+        " {at: 3us, action: up, link: leaf2-eth5}, {at: 4us, action: up, link: leaf1-spine2}]"]))
+    slow, down, up_plain, up_slowed = p.events
+    assert slow.action == "slow" and slow.rate_bps == 100_000_000_000
+    assert slow.intfs == ("leaf1-eth6", "leaf1-eth8") and len(slow.peers) == 2
+    uplink_rate = next(lk.rate_bps for lk in p.links if lk.kind == "uplink")
+    assert uplink_rate > slow.rate_bps
+    # up on a link that was only down sets no rate; up on the slowed one puts the plan's back
+    assert down.rate_bps == 0 and up_plain.rate_bps == 0 and up_slowed.rate_bps == uplink_rate
+    # the rate is checked against the link's and against what this machine can run
+    with pytest.raises(ConfigError, match=r"\[0\]\.rate: expected a rate below the link's"):
+        planning.build(scenario.load("collisions", ["events=[{at: 1us, action: slow, link: leaf1-spine2, "
+                                                    f"rate: {uplink_rate // 10**9}G}}]"]))
+    with pytest.raises(ConfigError, match=r"\[0\]\.rate: at dilation .* runs at .* bit/s here"):
+        planning.build(scenario.load("collisions", ["events=[{at: 1us, action: slow, link: leaf1-spine2, rate: 1M}]"]))
+
+
+def test_what_a_slowed_link_cost_and_how_it_is_told(tmp_path):
+    s = 1_000_000_000
+    write_jsonl(tmp_path / "link-events.jsonl", [
+        {"event": "link_slow", "link": "leaf1-spine1", "intfs": ["leaf1-eth5"], "peers": ["spine1-eth1"],
+         "at_real_ns": 80_000, "due_ns": 14 * s, "t_ns": 14 * s, "late_ns": 0, "rate_bps": 100_000_000_000,
+         "rate_set_ns": 14 * s + 1_000_000},
+        {"event": "link_up", "link": "leaf1-spine1", "intfs": ["leaf1-eth5"], "peers": ["spine1-eth1"],
+         "at_real_ns": 400_000, "due_ns": 22 * s, "t_ns": 22 * s, "late_ns": 0, "rate_bps": 400_000_000_000,
+         "rate_set_ns": 22 * s + 1_000_000},
+        {"event": "end", "t_ns": 30 * s, "restored": []}])
+    records = [{"type": "op", "iteration": it, "ready_ns": (10 + 5 * it) * s, "end_ns": (14 + 5 * it) * s + s // 2}
+               for it in range(4)]
+    iterations = [{"iteration": 0, "step_ns": 300_000}, {"iteration": 1, "step_ns": 100_000},
+                  {"iteration": 2, "step_ns": 100_000}, {"iteration": 3, "step_ns": 100_000}]
+    rows = failures.summarise(tmp_path, records, iterations, dilation=50_000)
+    slow, up = rows
+    assert slow["iteration"] == 0 and slow["rate_bps"] == 100_000_000_000 and slow["stretch"] == pytest.approx(3.0)
+    assert slow["reroutes"] == 0 and slow["reroute_real_ns"] is None and slow["port_status_messages"] == 0
+    text = failures.sentence(rows, {}, lambda ns: f"{ns:.0f}ns")
+    assert "link leaf1-spine1 slowed to 100 Gbit/s in iteration 1: the routes kept sending traffic over it" in text
+    assert "x3.00" in text and "link leaf1-spine1 up (at 400 Gbit/s again)" in text

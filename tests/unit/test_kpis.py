@@ -244,3 +244,19 @@ def test_progress_bar_on_a_terminal_is_redrawn_and_ended(tmp_path):
     assert not out.getvalue().endswith("\n")
     p.close()  # training ended early: the bar gets its newline
     assert out.getvalue().endswith("\n")
+
+
+def test_dequeue_rate_is_measured_against_the_rate_in_force():
+    """A port slowed by a link event to a quarter sends a quarter: that is the rate working,
+    not OVS falling behind; an interval across the change is left out (pandas through its
+    one importer, analysis.results)."""
+    ms = 1_000_000
+    rows = [{"t_ns": t * ms, "intf": "leaf1-eth5", "tbf_backlog_bytes": 5000, "tbf_sent_bytes": sent,
+             "emulated_rate_now_bps": rate, "emulated_rate_bps": 8e6}
+            for t, sent, rate in ((0, 0, 8e6), (1, 1000, 8e6), (2, 1250, 2e6), (3, 1500, 2e6))]
+    r = SimpleNamespace(queues=results.pd.DataFrame(rows), pfc_events=results.pd.DataFrame())
+    check = fidelity.dequeue_rate(r)
+    assert check["value"] == 1.0 and check["ok"]
+    # against the plan's rate alone (a run from before the column) the slowed port looks slow
+    old = SimpleNamespace(queues=r.queues.drop(columns="emulated_rate_now_bps"), pfc_events=r.pfc_events)
+    assert not fidelity.dequeue_rate(old)["ok"]

@@ -121,3 +121,16 @@ def test_drain_reads_nothing_from_a_link_that_is_down_and_raises_other_errors():
     assert list(pfc.drain(Socket(errno.ENETDOWN))) == []
     with pytest.raises(OSError):
         list(pfc.drain(Socket(errno.EBADF)))
+
+
+def test_the_pfc_process_takes_a_link_events_rate_as_one_checked_line():
+    from testbed.apply.pfc import parse_rate_command
+
+    ports = {"leaf1-eth5": None, "spine1-eth1": None}
+    assert parse_rate_command("rate 100000000000 leaf1-eth5 spine1-eth1\n", ports) == (
+        100e9, ["leaf1-eth5", "spine1-eth1"])
+    for bad, why in (("rate 1e9 leaf1-eth5", "expected 'rate BPS INTF"), ("rate 0 leaf1-eth5", "expected"),
+                     ("rate 100", "expected"), ("pause leaf1-eth5", "expected"),
+                     ("rate 100 leaf9-eth1", "not a switch port of this run: leaf9-eth1")):
+        with pytest.raises(ValueError, match=why):
+            parse_rate_command(bad, ports)

@@ -59,3 +59,14 @@ def test_cpu_meter_host_busy_fraction_and_process_cores():
     assert m.sample(0, (150, 1000), 500) == {}
     # 1 s later: 180 of 200 ticks busy; the process used 150 ticks = 1.5 cores
     assert m.sample(1_000_000_000, (330, 1200), 650) == {"host_busy": 0.9, "ovs_cpu_cores": 1.5}
+
+
+def test_queue_record_drains_at_the_rate_in_force():
+    """A link event slowed the port to a quarter: the shadow drains at that, and the record
+    says which rate it was (the dequeue check compares the TBF's sending with it)."""
+    pq = {"switch": "leaf1", "port": 2, "intf": "leaf1-eth2", "emulated_rate_bps": 8e6}
+    state = {"depth_bytes": 5000, "last_ns": 1_000_000, "max_depth_bytes": 9000, "packets": 4, "bytes": 6000,
+             "ect": 4, "marked": 1, "drops": 0, "control_packets": 2, "trimmed": 0}
+    rec = telemetry.queue_record(3_000_000, pq, state, None, None, rate_bps=2e6)
+    assert rec["depth_bytes"] == 4500 and rec["emulated_rate_now_bps"] == 2e6
+    assert telemetry.queue_record(3_000_000, pq, state, None)["emulated_rate_now_bps"] == 8e6
