@@ -2,7 +2,10 @@
 with one uplink failure per iteration (leaf1's links to spine1 pulled during the AllReduce,
 plugged back before the next), in one run of this script (a benchmark, not a test).
 
-    .venv/bin/python bench/failures.py [--iterations 3] [--set PATH=VALUE ...]   (as root)
+    .venv/bin/python bench/failures.py [--iterations 3] [--slow RATE] [--set PATH=VALUE ...]   (as root)
+
+``--slow 100G``: the links are slowed to that rate instead of pulled (a link that trained
+down to fewer lanes), back at the planned rate at the same time.
 
 Prints, per event, the time from the cable pulled to the first port status at the
 controller and to the last switch confirming its new routes: on this machine (emulated
@@ -34,6 +37,7 @@ def one(sets, tmp):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--slow", metavar="RATE", help="slow leaf1-spine1 to RATE (100G) instead of pulling it")
     ap.add_argument("--set", action="append", default=[], dest="sets")
     args = ap.parse_args()
     base_sets = [f"workload.iterations={args.iterations}", *args.sets]
@@ -41,12 +45,14 @@ def main() -> int:
         base = one(base_sets, tmp)
         step = base["jct"]["mean_step_ns"]
         events = []
+        hit = f"action: slow, rate: {args.slow}" if args.slow else "action: down"
         for k in range(args.iterations):  # pulled 100 us into an iteration's time, back at 70 % of it
-            events += [f"{{at: {int((k * step + 100_000) / 1000)}us, action: down, link: leaf1-spine1}}",
+            events += [f"{{at: {int((k * step + 100_000) / 1000)}us, {hit}, link: leaf1-spine1}}",
                        f"{{at: {int((k * step + 0.7 * step) / 1000)}us, action: up, link: leaf1-spine1}}"]
         failed = one([*base_sets, f"events=[{', '.join(events)}]"], tmp)
     fmt = units.format_duration
-    print(f"collision scenario, {args.iterations} iterations, one failure of leaf1-spine1 (2 links) per iteration"
+    what = f"leaf1-spine1 (2 links) slowed to {args.slow}" if args.slow else "one failure of leaf1-spine1 (2 links)"
+    print(f"collision scenario, {args.iterations} iterations, {what} per iteration"
           f"{', ' + ' '.join(args.sets) if args.sets else ''}; dilation {failed['run']['dilation']:g}")
     print(f"{'event':>10} {'iteration':>9} {'detect here':>12} {'reroute here':>12} {'reroute (fabric)':>16} "
           f"{'switches':>8} {'stretch':>7}")
@@ -62,7 +68,7 @@ def main() -> int:
         t = s["transport"]
         print(f"{name:>12} {fmt(s['jct']['mean_step_ns']):>10} {s['jct']['mean_ratio']:>9.3f} "
               f"{t.get('retransmitted', 0):>13} {t.get('timeouts', 0):>8}  {s['fidelity']['verdict']}")
-    print(f"JCT cost of one failure per iteration: x{failed['jct']['mean_step_ns'] / base['jct']['mean_step_ns']:.2f}")
+    print(f"JCT cost of one {'slowdown' if args.slow else 'failure'} per iteration: x{failed['jct']['mean_step_ns'] / base['jct']['mean_step_ns']:.2f}")
     return 0
 
 

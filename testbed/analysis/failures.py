@@ -103,6 +103,9 @@ def sentence(rows: list, transport: dict, fmt_d) -> str:
         if r["event"] == "link_slow":
             took = "the routes kept sending traffic over it (nothing went down, nothing was rerouted)"
             what = f"slowed to {r['rate_bps'] / 1e9:g} Gbit/s"
+        elif r.get("rate_bps") and not r["port_status_messages"]:  # up after a slow: it never went down
+            took = "nothing to reroute"
+            what = f"back at {r['rate_bps'] / 1e9:g} Gbit/s"
         else:
             took = (f"the controller rerouted {len(r['rerouted_switches'])} switches in "
                     f"{fmt_d(r['reroute_real_ns'])} of fabric time" if r["reroute_real_ns"] is not None else

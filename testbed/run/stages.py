@@ -109,6 +109,7 @@ class Run:
         self.scenario, self.options = scenario, options
         self.timings: dict = {}
         self.ctl = self.fab = self.egress = self.pfcd = self.adaptive = self.record = None
+        self.pfc_on = False  # some port's data class is lossless (the PFC process then also sends pauses)
 
     # -- 1. plan ---------------------------------------------------------------------------
     def make_plan(self):
@@ -159,7 +160,8 @@ class Run:
                                                      self.record, work, link_delay=netem))
         self.egress = stack.enter_context(EgressQueues(self.plan, self.run_id, link_delay=netem))
         # the PFC process also owns the data class's rate: a run whose events slow a link needs it
-        if any(pq.pfc for pq in self.plan.queues) or any(e.rate_bps for e in self.plan.events):
+        self.pfc_on = any(pq.pfc for pq in self.plan.queues)
+        if self.pfc_on or any(e.rate_bps for e in self.plan.events):
             from testbed.apply.pfc import PfcDaemon
 
             self.pfcd = stack.enter_context(PfcDaemon(self.plan_path, self.egress.marker.dir, self.run_dir,
@@ -172,7 +174,7 @@ class Run:
         stack.callback(lambda: self.timings.__setitem__("teardown_started", time.monotonic()))
         self.timings["fabric_up"] = round(time.monotonic() - self.t_up, 3)
         self.manifest.queues = Queues(ports=len(self.plan.queues), pins=str(self.egress.marker.dir),
-                                      pfc=self.pfcd is not None)
+                                      pfc=self.pfc_on)
 
     # -- 3. program ------------------------------------------------------------------------
     def program(self):
@@ -244,7 +246,7 @@ class Run:
         if "teardown_started" in self.timings:
             self.timings["teardown"] = round(time.monotonic() - self.timings.pop("teardown_started"), 3)
         self.timings["total"] = round(time.monotonic() - self.t_start, 3)
-        if self.pfcd is not None:
+        if self.pfcd is not None and self.pfc_on:  # (the process also runs for a slowed link)
             self.manifest.pfc = p = self.pfcd.totals()
             LOG.info("PFC: %d pause frames sent (%d XOFF), %d received; paused %s in all (real time) on %d "
                      "ports; headroom high-water %s; %d drops", p["frames_sent"], p["xoff_sent"],

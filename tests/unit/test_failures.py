@@ -194,4 +194,8 @@ def test_what_a_slowed_link_cost_and_how_it_is_told(tmp_path):
     assert slow["reroutes"] == 0 and slow["reroute_real_ns"] is None and slow["port_status_messages"] == 0
     text = failures.sentence(rows, {}, lambda ns: f"{ns:.0f}ns")
     assert "link leaf1-spine1 slowed to 100 Gbit/s in iteration 1: the routes kept sending traffic over it" in text
-    assert "x3.00" in text and "link leaf1-spine1 up (at 400 Gbit/s again)" in text
+    assert "x3.00" in text and "link leaf1-spine1 back at 400 Gbit/s in iteration 3: nothing to reroute" in text
+    # a link slowed while it was down comes up rerouted and at its rate
+    up["port_status_messages"], up["reroute_real_ns"] = 2, 200.0
+    assert "link leaf1-spine1 up (at 400 Gbit/s again) in iteration 3: the controller rerouted 0 switches in 200ns" \
+        in failures.sentence(rows, {}, lambda ns: f"{ns:.0f}ns")
