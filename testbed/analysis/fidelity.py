@@ -12,6 +12,11 @@ emulation kept up with the time dilation it was given:
 - ``ovs_cpu``: ovs-vswitchd (whose userspace datapath forwards on one thread) was not
   saturated (p95 of its CPU use in cores);
 - ``telemetry``: the collector missed no poll;
+
+  these three judge the polls of the training (from the first op ready to the last op
+  ended) when the run trained, the whole run otherwise: bring-up, the all-pairs check (every
+  GPU starting a probe process at once) and teardown load the host but time nothing a
+  trained run reports;
 - ``reordering``: in a run where no queue dropped a packet and each QP keeps one path
   (``load_balancing: flow``, ECMP routing), no packet of a flow arrived out of order (flow-hashed
   ECMP keeps a flow on one path, so only the emulation can
@@ -118,8 +123,21 @@ def timer_lateness(r) -> dict | None:
                   share / LIMITS["timer_lateness"], f"{int(n.timer_count.sum())} compute phases")
 
 
+def judged_polls(r):
+    """The polls the host, OVS and telemetry checks judge: each whose interval overlaps the
+    training (first op ready to last op end, CLOCK_MONOTONIC like the polls) when the run
+    trained; every poll otherwise."""
+    p, ops = r.polls, r.ops
+    if p.empty or ops.empty or "t_ns" not in p:
+        return p
+    p = p.sort_values("t_ns")
+    t0, t1 = ops.ready_ns.min(), ops.end_ns.max()
+    inside = p[(p.t_ns > t0) & (p.t_ns.shift(1, fill_value=t0 - 1) < t1)]
+    return inside if not inside.empty else p
+
+
 def host_cpu(r) -> dict | None:
-    p = r.polls
+    p = judged_polls(r)
     if p.empty or "host_busy" not in p or p.host_busy.isna().all():
         return None
     share = float((p.host_busy.dropna() >= SATURATED).mean())
@@ -130,7 +148,7 @@ def host_cpu(r) -> dict | None:
 
 
 def ovs_cpu(r) -> dict | None:
-    p = r.polls
+    p = judged_polls(r)
     if p.empty or "ovs_cpu_cores" not in p or p.ovs_cpu_cores.isna().all():
         return None
     p95 = float(p.ovs_cpu_cores.dropna().quantile(0.95))
@@ -141,10 +159,11 @@ def ovs_cpu(r) -> dict | None:
 
 
 def telemetry_loss(r) -> dict | None:
-    p = r.polls
+    every, p = r.polls, judged_polls(r)
     if p.empty:
         return None
-    skipped = int(p.skipped_total.max())
+    before = every[every.t_ns < p.t_ns.min()].skipped_total  # the counter is cumulative
+    skipped = int(p.skipped_total.max() - (before.max() if len(before) else 0))
     return _check("telemetry", skipped, skipped <= LIMITS["telemetry"],
                   f"the collector skipped {skipped} polls: it fell behind", 2.0, f"{len(p)} polls")
 

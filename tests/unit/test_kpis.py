@@ -3,8 +3,10 @@ folder (no root, no fabric): every number here is worked out by hand."""
 
 import io
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from testbed import units
@@ -80,10 +82,14 @@ def run_dir(tmp_path):
             ports.append({"t_ns": t, "switch": "leaf1", "port": int(intf[-1]), "intf": intf, "tx_bytes": b,
                           "rx_bytes": 0, "tx_packets": 0, "rx_packets": 0})
     write(tmp_path / "ports.jsonl", ports)
-    write(tmp_path / "polls.jsonl", [{"t_ns": t, "poll": i, "read_ns": 1, "skipped_total": 0, "queues": 3,
-                                      "host_busy": busy, "ovs_cpu_cores": 0.5}
-                                     for i, (t, busy) in enumerate(((0, 0.5), (10 ** 9, 0.99), (2 * 10 ** 9, 0.4)))])
+    # polls through the training (0 to 120 us x D): the first covers what came before it
+    write(tmp_path / "polls.jsonl", polls(((0, 0.2), (40_000 * D, 0.5), (80_000 * D, 0.99), (120_000 * D, 0.4))))
     return tmp_path
+
+
+def polls(samples, ovs_cores=0.5, skipped=0):
+    return [{"t_ns": t, "poll": i, "read_ns": 1, "skipped_total": skipped, "queues": 3, "host_busy": busy,
+             "ovs_cpu_cores": ovs_cores} for i, (t, busy) in enumerate(samples)]
 
 
 def test_kpis_worked_by_hand(run_dir):
@@ -128,6 +134,34 @@ def test_fidelity_names_every_failed_check_and_a_dilation_that_fixes_it(run_dir)
     assert f["verdict"] == "not trusted"
     # worst miss: host CPU (1/3 over 1/4, x2) -> 1000 x 2.67 x 1.5 = 4000 -> 5000
     assert f["suggested_dilation"] == 5000 and "--set dilation=5000" in f["text"]
+
+
+def test_host_ovs_and_telemetry_checks_judge_the_training_not_bring_up_or_teardown(run_dir):
+    """A saturated host, a saturated OVS thread and skipped polls before the first op (the
+    all-pairs check) and after the last (teardown) do not touch the verdict of a trained
+    run, unless a poll's interval overlaps the training; without ops the whole run is judged."""
+    before = polls(((-2 * 10 ** 9, 1.0), (-10 ** 9, 1.0)), ovs_cores=1.4, skipped=3)
+    during = polls(((40_000 * D, 0.5), (80_000 * D, 0.6)), skipped=3)
+    after = polls(((10 ** 9, 1.0), (2 * 10 ** 9, 1.0)), ovs_cores=1.4, skipped=9)
+
+    def checks(rows, **change):
+        write(run_dir / "polls.jsonl", rows)
+        r = replace(results.load(run_dir), **change)
+        return {c["name"]: c for c in fidelity.check(r)["checks"]}, fidelity.judged_polls(r)
+
+    # the last op ends at 120 us x D: the poll at 1 s covers (80 us x D, 1 s], the end of training
+    by, judged = checks(before + during + after)
+    assert list(judged.t_ns) == [40_000 * D, 80_000 * D, 10 ** 9]
+    assert by["host_cpu"]["value"] == 0.333 and not by["host_cpu"]["ok"]
+    assert not by["ovs_cpu"]["ok"] and by["telemetry"]["value"] == 6
+    # a poll as the last op ends: teardown's polls are outside
+    by, judged = checks(before + during + polls(((120_000 * D, 0.4),), skipped=3) + after)
+    assert list(judged.t_ns) == [40_000 * D, 80_000 * D, 120_000 * D]
+    assert by["host_cpu"]["value"] == 0 and by["ovs_cpu"]["ok"] and by["telemetry"]["value"] == 0
+    # a run that did not train: every poll
+    by, judged = checks(before + during + after, ops=pd.DataFrame())
+    assert len(judged) == 6 and by["host_cpu"]["value"] == round(4 / 6, 3)
+    assert not by["ovs_cpu"]["ok"] and by["telemetry"]["value"] == 9
 
 
 def test_fidelity_checks_the_pfc_reaction_against_the_headroom_budget(run_dir):
