@@ -10,7 +10,7 @@ leaves' uplink queues pass XOFF and pause their GPUs. From the run's records:
 - ``pfc.jsonl``: when the leaf sent XOFF out of the port facing a GPU (``xoff_sent``);
 - the GPU agent's records: when its NIC stopped the data class (``paused``).
 Reaction = paused - xoff_sent, for every pause that started a paused period. The
-detection lag before the frame (the queue is polled every ``pfcd.POLL_S``) is added as
+detection lag before the frame (the queue is polled every ``model.pfc.poll_period_ns(dilation)``) is added as
 its worst case. Printed beside the PFC headroom budget of the real fabric: the
 "peer response time" the headroom formula allows (``queues.PFC_RESPONSE_NS``).
 """
@@ -28,7 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed.apply import pfc as pfcd
+from testbed.model.pfc import poll_period_ns
 from testbed.model import queues
 from testbed import run
 from testbed.config import scenario
@@ -81,7 +81,7 @@ def main() -> int:
     if not samples:
         print("no pause started a paused period: the scenario did not congest", file=sys.stderr)
         return 1
-    poll_ns = pfcd.POLL_S * 1e9
+    poll_ns = poll_period_ns(dilation)
     q = statistics.quantiles(samples, n=20)
     print(f"GPU NIC pause reaction over {len(samples)} pauses (dilation {dilation:g}):")
     print(f"{'':28} {'emulated':>10} {'real-fabric':>12}")

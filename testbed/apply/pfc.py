@@ -2,7 +2,7 @@
 
 One process per run in the root namespace (where every switch port lives), started by
 ``PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
-PFC pauses) and the run's BPF pin folder. Every ``POLL_S`` it reads each switch port's shadow queue (the marker's
+PFC pauses) and the run's BPF pin folder. Every ``model.pfc.poll_period_ns(dilation)`` (50 ns of fabric time, at least 1 ms) it reads each switch port's shadow queue (the marker's
 map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it. Ingress accounting is
 approximated per egress queue: when an egress queue passes XOFF, the switch sends a PFC
 frame (priority 3, quanta 0xFFFF, refreshed before they run out) out of every port that
@@ -49,11 +49,9 @@ from testbed.jsonlines import read_events
 from testbed.apply.process import Child
 from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
 from testbed.errors import RunError
-from testbed.model.pfc import Hysteresis
+from testbed.model.pfc import Hysteresis, poll_period_ns
 from testbed.units import Dilation
 from testbed.wire import bpfmaps, pfc
-
-POLL_S = 0.001
 
 
 @dataclass
@@ -86,6 +84,7 @@ class Pfcd:
         self.state_map = Map(pins + "/testbed_state", bpfmaps.STATE_SIZE)
         self.pfc_map = Map(pins + "/testbed_pfc", bpfmaps.PFC_SIZE)  # our counters, for the collector
         self.ports: dict[str, Port] = {}
+        self.poll_ns = poll_period_ns(plan["dilation"])
         # the emulation's own share of the pause reaction (the fidelity guard's input): the
         # longest a queue's crossing of XOFF could have gone unseen (the gap since the poll
         # before the one that sent the XOFF), and the longest a received pause took to apply
@@ -252,7 +251,7 @@ class Pfcd:
                 self.expire(now)
                 self.poll_queues(now, now - last_poll)
                 last_poll = now
-                next_poll = max(next_poll + int(POLL_S * 1e9), now)
+                next_poll = max(next_poll + self.poll_ns, now)
 
     def report(self):
         now = time.monotonic_ns()

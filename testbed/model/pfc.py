@@ -6,6 +6,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.model.queues import PFC_RESPONSE_NS
+
+# How often the PFC process reads the shadow queues, in real-fabric time: a twentieth of the
+# peer response time the headroom formula budgets (PFC_RESPONSE_NS), so a crossing of XOFF
+# waits at most that long to be seen, and a poll may run late by 4x before the fidelity
+# guard's pfc_reaction check (a quarter of the response) fails the run.
+POLL_REAL_NS = PFC_RESPONSE_NS // 20
+MIN_POLL_NS = 1_000_000  # never more often than this (emulated): below, polling costs a core
+
+
+def poll_period_ns(dilation: float) -> int:
+    """The PFC process's polling period on the emulated clock at ``dilation``. Polling at a
+    fixed 1 ms whatever the dilation cost 0.4 cores at 32 GPUs (bench/scale.py) to sample
+    queues every 5 ns of fabric time at dilation 200000; the reaction the guard judges is in
+    fabric time, so the period is too."""
+    return max(MIN_POLL_NS, int(POLL_REAL_NS * dilation))
+
 
 def feeders(switch: str, egress_port: int, toward: dict, links_of: dict, host_index: dict) -> tuple[int, ...]:
     """Ports of ``switch`` whose arriving traffic the planned routes can send out of
