@@ -3,8 +3,8 @@ trusts the run (issue 16: find the cost before removing it). A benchmark, not a 
 
     .venv/bin/python bench/scale.py [--scenario FILE] [--dilation D ...] [--set PATH=VALUE ...]   (as root)
 
-(rail-32 ships without a workload: give a scenario file with ``topology: rail-4x8`` and
-``traffic: dp-ring``, as docs/measurements.md's scale rows did.)
+(The default, rail-32, trains a 32-rank ring; docs/measurements.md's first scale rows used a
+scenario file with ``topology: rail-4x8`` and ``traffic: dp-ring``, what rail-32 now is.)
 
 For each dilation, one whole run in this process (``testbed.run.stages.Run``). A sampler
 thread reads /proc every ``--interval`` seconds: the host's busy ticks (/proc/stat), each
