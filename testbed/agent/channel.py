@@ -218,6 +218,32 @@ class Connection:
         return out
 
 
+class BusyChannels:
+    """The channels with something to do (data to send or acknowledge, a DCQCN rate below
+    line rate), in the agent's channel order (the order the loop has always served them):
+    its per-pass scans walk ``list``, not every channel (a GPU of a 32-GPU ring has ~40, of
+    which a ring step uses one to four). An idle channel's DCQCN alpha timer catches up when
+    it is next used (the agent ticks it before a CNP counts, and every pass once busy)."""
+
+    def __init__(self, channels):
+        self.order = {ch: i for i, ch in enumerate(channels)}
+        self.members: set = set()
+        self.list: list = []
+
+    def add(self, ch: Channel):
+        if ch not in self.members:
+            self.members.add(ch)
+            self.list = sorted(self.members, key=self.order.__getitem__)
+
+    def drop_idle(self):
+        idle = [ch for ch in self.list if not (ch.sendq.has_pending() or ch.sendq.unacked or ch.rp.active)]
+        if idle:
+            for ch in idle:
+                ch.tx_since_ns = None  # nothing due: its packets are due from when it has some again
+                self.members.discard(ch)
+            self.list = [ch for ch in self.list if ch in self.members]
+
+
 def udp_receive_errors(path: str = "/proc/net/snmp") -> int:
     """Datagrams this GPU's namespace dropped on receive (a full socket buffer: the agent did
     not read in time). Such a loss is the host's, not the fabric's: the fidelity guard says so."""

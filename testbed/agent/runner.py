@@ -32,7 +32,7 @@ from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params
-from testbed.agent.channel import CONTROL_OPCODES, Channel, Connection, Nic, udp_receive_errors
+from testbed.agent.channel import CONTROL_OPCODES, BusyChannels, Channel, Connection, Nic, udp_receive_errors
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_RX_BATCH = 256
@@ -100,6 +100,7 @@ class Agent:
                     self.conns[(name, link)] = Connection(self, name, p, nic, self.qps if link == "fabric" else 1)
         self.channels: dict[tuple, Channel] = {(ch.peer, ch.nic.link, ch.qp): ch for conn in self.conns.values()
                                                for ch in conn.channels}
+        self.busy = BusyChannels(self.channels.values())  # what the loop's per-pass scans walk
         self.start_ns = 0
 
     # -- time and records ------------------------------------------------------------------
@@ -209,6 +210,8 @@ class Agent:
                 conn = self.conns[(op["peer"], op.get("link", "fabric"))]
                 if op["kind"] == "send":
                     conn.send(op_id, op["bytes"])
+                    for ch in conn.channels:
+                        self.busy.add(ch)
                 else:
                     conn.receive(op_id, op["bytes"])
                     self.match_recv(conn)
@@ -221,12 +224,12 @@ class Agent:
                 self.late(TIMER_LATE, now - end)
 
     def tick_timers(self, now: int):
-        """DCQCN (real time) and retransmission timeouts. Runs every pass over every
-        channel (a GPU of a 32-GPU ring has ~40), so a channel with no timer due costs a
-        few attribute reads, not calls: the same tests ``tick`` and ``check_timeout`` make."""
+        """DCQCN (real time) and retransmission timeouts of the busy channels; a channel
+        with no timer due costs a few attribute reads, not calls: the same tests ``tick``
+        and ``check_timeout`` make."""
         real_now = self.real_ns(now)
         rto_ns = self.rto_ns
-        for ch in self.channels.values():
+        for ch in self.busy.list:
             rp = ch.rp
             if rp.enabled and (real_now >= rp.next_alpha_ns or real_now >= rp.next_timer_ns):
                 before = rp.rate_bps
@@ -247,7 +250,7 @@ class Agent:
         else:
             self.resume(now)
         real_now = self.real_ns(now)
-        for ch in self.channels.values():
+        for ch in self.busy.list:
             q = ch.sendq
             if not q.has_pending():
                 ch.tx_since_ns = None
@@ -261,7 +264,8 @@ class Agent:
                 next_wake = min(next_wake, ready_ns)
                 continue
             next_wake = min(next_wake, self.send_one(ch, now, ready_ns, real_now))
-        for ch in self.channels.values():
+        self.busy.drop_idle()
+        for ch in self.busy.list:
             if ch.sendq.unacked and ch.sendq.last_progress_ns is not None:
                 next_wake = min(next_wake, ch.sendq.last_progress_ns + self.rto_ns)
             if ch.rp.active:
@@ -357,7 +361,10 @@ class Agent:
             conn = self.conns[(ch.peer, ch.nic.link)]
             if pkt.opcode in CONTROL_OPCODES:
                 before = ch.rp.rate_bps
-                for msg in ch.on_control(pkt, now, self.real_ns(now)):
+                real_now = self.real_ns(now)
+                ch.rp.tick(real_now)  # an idle channel's timers catch up before a CNP counts
+                self.busy.add(ch)
+                for msg in ch.on_control(pkt, now, real_now):
                     op_id = conn.acknowledged(ch, msg)
                     if op_id is not None:
                         self.finish(op_id, now)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from testbed import units
 from testbed.errors import ConfigError
 from testbed.model import queues
+from testbed.wire.bpfmaps import PMAX_ONE
 
 MIN_EMULATED_RATE_BPS = 16_000  # twice the rate a paused port's shaper is turned down to (apply/tc.py)
 
@@ -31,6 +32,10 @@ def check(plan):
             problems.append(f"{sc.where(('queues', 'ecn', 'kmax'))}: kmax {units.format_size(pq.kmax_bytes)} (at "
                             f"{units.format_rate(pq.rate_bps)}) is above the {units.format_size(pq.buffer_bytes)} "
                             f"buffer: the queue would drop before it marks every packet")
+        if pq.ecn and 0 < pq.pmax and round(pq.pmax * PMAX_ONE) == 0:
+            problems.append(f"{sc.where(('queues', 'ecn', 'pmax'))}: pmax {pq.pmax:g} is below the marker's "
+                            f"resolution (1/{PMAX_ONE} = {1 / PMAX_ONE:.2g}): it would mark nothing; use at least "
+                            f"{1 / PMAX_ONE:.2g}, or ecn: off")
         if pq.pfc and pq.xoff_bytes + pq.headroom_bytes > pq.buffer_bytes:
             problems.append(f"{sc.where(('queues', 'pfc', 'xoff'))}: xoff {units.format_size(pq.xoff_bytes)} + "
                             f"headroom {units.format_size(pq.headroom_bytes)} (at {units.format_rate(pq.rate_bps)}) do "

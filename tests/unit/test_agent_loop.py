@@ -2,6 +2,7 @@
 pass at a time, the loop starts ready ops, ends compute on its timer, paces packets at
 line rate, completes a send on its ACK and holds data while PFC pauses the NIC."""
 
+import copy
 import json
 import socket
 
@@ -128,6 +129,54 @@ def test_pfc_pause_holds_data_until_its_quanta_run_out(make_agent):
     assert len(nic.sent) == 1 and agent.nic_counters["pause_frames_received"] == 1
     assert agent.nic_counters["paused_ns"] == pause_end - t0
     assert [r["type"] for r in records(agent)] == ["paused", "resumed"]
+
+
+def control_frame(agent, opcode, psn, body):
+    nic = agent.nics["fabric"]
+    length = roce.CNP_PAD_LEN if opcode == roce.OP_CNP else roce.AETH_LEN
+    frame = roce.FrameTemplate(roce.Endpoint("02:01:00:00:02:01", "10.0.2.1"), nic.me, 0xC000, roce.qpn(1, 2),
+                               length, roce.DSCP_CONTROL, 0).frame(opcode, psn, False, body)
+    return frame[roce.OFF_UDP + roce.UDP_LEN:], [], 0, None
+
+
+def test_only_channels_with_work_are_scanned_and_an_idle_ones_dcqcn_catches_up(make_agent):
+    """The loop's per-pass scans walk the busy channels only; a channel that went idle
+    (everything acknowledged, DCQCN back at line rate) and then gets a CNP ends in the
+    state of a reaction point whose timers ran all along (its alpha decayed while idle,
+    and the CNP counts in the period it arrived in, not in one long past)."""
+    agent, clock, rx, _ = make_agent([op(0, "send", peer="h2", nbytes=MTU)], dcqcn=True)
+    (ch,) = agent.channels.values()
+    assert agent.busy.list == []
+    agent.step(clock.now)
+    assert agent.busy.list == [ch] and ch.sendq.unacked
+    rx.queue.append(control_frame(agent, roce.OP_CNP, 0, bytes(16)))
+    rx.queue.append(control_frame(agent, roce.OP_ACK, 0, bytes([roce.AETH_ACK, 0, 0, 1])))
+    clock.now += 1_000_000
+    agent.step(clock.now)
+    assert agent.state[0] == "done" and ch.rp.cuts == 1 and agent.busy.list == [ch]  # a cut rate has timers
+    ref = copy.deepcopy(ch.rp)  # from here ticked at every pass, busy or not
+    step_ns = ch.rp.p.alpha_period_ns * D // 3
+    passes = 0
+    while agent.busy.list:  # DCQCN recovers to line rate, then the channel leaves the list
+        clock.now += step_ns
+        ref.tick(agent.real_ns(clock.now))
+        agent.step(clock.now)
+        passes += 1
+        assert passes < 100_000, "DCQCN never recovered"
+    assert not ch.rp.active and ch.tx_since_ns is None
+    for _ in range(150):  # 50 alpha periods idle: the agent does not run the channel's timers
+        clock.now += step_ns
+        ref.tick(agent.real_ns(clock.now))
+        agent.step(clock.now)
+    assert ch.rp.alpha > ref.alpha  # not caught up yet
+    clock.now += step_ns
+    rx.queue.append(control_frame(agent, roce.OP_CNP, 0, bytes(16)))
+    agent.step(clock.now)
+    ref.tick(agent.real_ns(clock.now))
+    ref.on_cnp(agent.real_ns(clock.now))
+    assert ch.rp.cuts == 2 and agent.busy.list == [ch]
+    assert (ch.rp.alpha, ch.rp.rate_bps, ch.rp.next_alpha_ns, ch.rp.next_timer_ns) == (
+        ref.alpha, ref.rate_bps, ref.next_alpha_ns, ref.next_timer_ns)
 
 
 def test_fake_sockets_stand_in_for_the_real_ones():

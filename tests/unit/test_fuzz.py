@@ -185,6 +185,7 @@ def test_raw_bytes_are_refused(kind, capsys, tmp_path):
     (["fabric.host_link.cable=1e300km"], "expected a cable length of at most 100km"),
     (["queues.ecn.kmax=5MB"], "kmax (5MB) must not exceed the buffer"),
     (["workload.activations=0"], "expected at least 4 bytes of activations"),
+    (["queues.ecn.pmax=1.0e-12"], "pmax 1e-12 is below the marker's resolution (1/4294967296 = 2.3e-10)"),
 ])
 def test_physics_refuses_with_the_reason(sets, reason, capsys):
     argv = ["default"]
