@@ -26,12 +26,13 @@ import json
 import select
 import socket
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
 from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params
+from testbed.agent.ops import OpGraph
 from testbed.agent.channel import CONTROL_OPCODES, BusyChannels, Channel, Connection, Nic, udp_receive_errors
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
@@ -135,13 +136,7 @@ class Agent:
         self.state = {i: "waiting" for i in self.op_by_id}
         self.ready_at, self.first_tx, self.compute_end = {}, {}, {}
         self.remaining = len(self.op_by_id)
-        self.pending = deque(self.op_by_id)
-        self.finished_since = True  # nothing finished yet, but ops without dependencies are ready
-        # a connection's messages are matched in planned order: post its sends and receives so
-        self.planned = defaultdict(deque)
-        for op in self.ops:
-            if op["kind"] != "compute":
-                self.planned[(op["peer"], op.get("link", "fabric"), op["kind"])].append(op["id"])
+        self.graph = OpGraph(self.ops)
         self.rto_ns = int(self.d.duration_ns(self.rto_real_ns))
 
     def run(self, start_ns: int, deadline_ns: int) -> int:
@@ -181,40 +176,24 @@ class Agent:
         return self.transmit(now)
 
     def start_ready_ops(self, now: int):
-        """Ops whose dependencies are done start (a connection's messages in planned order).
-        Only an op finishing makes another ready, so a pass in which none finished skips it."""
-        if not self.finished_since:
-            return
-        self.finished_since = False
-        progressed = True
-        while progressed:
-            progressed = False
-            for _ in range(len(self.pending)):
-                op_id = self.pending.popleft()
-                op = self.op_by_id[op_id]
-                if not all(self.state[d] == "done" for d in op["deps"]):
-                    self.pending.append(op_id)
-                    continue
-                if op["kind"] != "compute":
-                    key = (op["peer"], op.get("link", "fabric"), op["kind"])
-                    if self.planned[key][0] != op_id:
-                        self.pending.append(op_id)  # an earlier message on this connection goes first
-                        continue
-                    self.planned[key].popleft()
-                self.ready_at[op_id] = now
-                self.state[op_id] = "running"
-                progressed = True
-                if op["kind"] == "compute":
-                    self.compute_end[op_id] = now + int(self.d.duration_ns(op["duration_ns"]))
-                    continue
-                conn = self.conns[(op["peer"], op.get("link", "fabric"))]
-                if op["kind"] == "send":
-                    conn.send(op_id, op["bytes"])
-                    for ch in conn.channels:
-                        self.busy.add(ch)
-                else:
-                    conn.receive(op_id, op["bytes"])
-                    self.match_recv(conn)
+        """Ops whose dependencies are done start (``ops.OpGraph``: a connection's messages in
+        planned order). Ops that finish meanwhile (a posted receive whose data had arrived)
+        make theirs ready in the same pass."""
+        while (op := self.graph.pop_ready()) is not None:
+            op_id = op["id"]
+            self.ready_at[op_id] = now
+            self.state[op_id] = "running"
+            if op["kind"] == "compute":
+                self.compute_end[op_id] = now + int(self.d.duration_ns(op["duration_ns"]))
+                continue
+            conn = self.conns[(op["peer"], op.get("link", "fabric"))]
+            if op["kind"] == "send":
+                conn.send(op_id, op["bytes"])
+                for ch in conn.channels:
+                    self.busy.add(ch)
+            else:
+                conn.receive(op_id, op["bytes"])
+                self.match_recv(conn)
 
     def end_compute(self, now: int):
         for op_id, end in list(self.compute_end.items()):
@@ -297,7 +276,7 @@ class Agent:
 
     def finish(self, op_id: int, t: int):
         self.state[op_id] = "done"
-        self.finished_since = True
+        self.graph.finished(op_id)
         self.remaining -= 1
         op = self.op_by_id[op_id]
         self.record(type="op", id=op_id, kind=op["kind"], iteration=op["iteration"], phase=op["phase"],

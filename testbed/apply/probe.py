@@ -1,8 +1,8 @@
 """Reachability probe, run inside a GPU host's namespace.
 
 ``python -m testbed.apply.probe --timeout 5 10.0.1.2 10.0.2.1 ...`` sends ICMP echo
-requests to every target (repeating every 200 ms until each has answered or the
-timeout passes) and prints one JSON object: target -> TTL of its reply (or null).
+requests to every target (repeating every ``--resend`` seconds, 200 ms unless the run
+says otherwise, until each has answered or the timeout passes) and prints one JSON object: target -> TTL of its reply (or null).
 The switches decrement TTL at every hop, so 64 - TTL is the number of switches
 the reply crossed: the run compares it with the planned path length.
 """
@@ -46,7 +46,7 @@ def parse_reply(packet: bytes, ident: int):
     return socket.inet_ntoa(packet[12:16]), packet[8]
 
 
-def probe(targets: list[str], timeout_s: float) -> dict:
+def probe(targets: list[str], timeout_s: float, resend_s: float = RESEND_S) -> dict:
     ident = os.getpid() & 0xFFFF
     answers: dict[str, int | None] = {t: None for t in targets}
     with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as sock:
@@ -57,7 +57,7 @@ def probe(targets: list[str], timeout_s: float) -> dict:
             for t in targets:
                 if answers[t] is None:
                     sock.sendto(echo_request(ident, seq), (t, 0))
-            resend_at = min(deadline, time.monotonic() + RESEND_S)
+            resend_at = min(deadline, time.monotonic() + resend_s)
             while (wait := resend_at - time.monotonic()) > 0:
                 ready, _, _ = select.select([sock], [], [], wait)
                 if not ready:
@@ -71,9 +71,10 @@ def probe(targets: list[str], timeout_s: float) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m testbed.apply.probe")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to keep trying")
+    parser.add_argument("--resend", type=float, default=RESEND_S, help="seconds between rounds")
     parser.add_argument("targets", nargs="+")
     args = parser.parse_args(argv)
-    json.dump(probe(args.targets, args.timeout), sys.stdout)
+    json.dump(probe(args.targets, args.timeout, args.resend), sys.stdout)
     sys.stdout.write("\n")
 
 

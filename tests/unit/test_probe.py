@@ -1,3 +1,4 @@
+import pytest
 import struct
 
 from testbed.apply import probe
@@ -24,3 +25,27 @@ def test_parse_reply_reads_ttl_and_source():
     assert probe.parse_reply(ip + icmp, 0x9999) is None  # someone else's echo
     request = struct.pack("!BBHHH", 8, 0, 0, 0x1234, 1)
     assert probe.parse_reply(ip + request, 0x1234) is None  # not a reply
+
+
+def test_the_all_pairs_check_waits_for_a_round_of_probes_to_cross_the_busiest_port():
+    """Every GPU pings every other at once: at 128 GPUs (rail 16 x 8 under 8 spines, dilation
+    500000) each leaf uplink carries 16 GPUs x 112 off-leaf peers / 8 uplinks = 224 requests
+    and as many replies per round, 448 x 64 B at 800 kbit/s = 0.29 s: resend after 3 rounds'
+    worth, not every 200 ms (which piled rounds up until 3111 of 16256 pairs went unanswered)."""
+    from testbed.apply import reachability
+    from testbed.config import scenario
+    from testbed.model import plan as planning
+
+    def timing(*sets):
+        p = planning.build(scenario.load("rail-32", list(sets)), "user")
+        table = p.route_table()
+        paths = {(a.name, b.name): p.ecmp_paths(a.name, b.name, table=table)
+                 for a in p.hosts for b in p.hosts if a is not b}
+        return reachability.probe_timing(p, paths)
+
+    assert timing() == (0.2, 10.0)  # 32 GPUs at 100000: a round takes 8 ms, the defaults hold
+    resend_s, timeout_s = timing("fabric.servers=16", "fabric.spines=8", "fabric.uplinks.count=8")
+    assert resend_s == pytest.approx(3 * 448 * 64 * 8 / 800e3)
+    assert timeout_s == 10.0
+    resend_s, timeout_s = timing("fabric.servers=16", "fabric.spines=8", "fabric.uplinks.count=8", "dilation=2e6")
+    assert resend_s == pytest.approx(3 * 448 * 64 * 8 / 200e3) and timeout_s == pytest.approx(8 * resend_s)
