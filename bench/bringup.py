@@ -1,9 +1,10 @@
 """Bring-up and teardown time of the testbed's fabric vs a plain Mininet bring-up of the
 same graph, measured side by side in one run (a benchmark, not a test).
 
-    .venv/bin/python bench/bringup.py [--repeat 3] [SCENARIO ...]   (as root)
+    .venv/bin/python bench/bringup.py [--repeat 3] [--gpus N ...] [SCENARIO ...]   (as root)
 
-For each scenario (default: the 8-GPU default and the 32-GPU rail-32):
+For each scenario (default: the 8-GPU default and the 32-GPU rail-32) and each ``--gpus N``
+(rail-32 grown to N / 8 servers under 8 spines, as docs/measurements.md's scale rows):
 - testbed: MininetFabric up (hosts, OVS bridges, links, tags, host configuration) and every
   switch port's queue (TBF + marker) until the controller confirmed every switch's flows,
   then teardown;
@@ -80,6 +81,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenarios", nargs="*", default=["default", "rail-32"])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--gpus", type=int, action="append", default=[], help="rail-32 grown to N GPUs (a multiple of 8)")
     args = ap.parse_args()
     if not capabilities.is_root():
         sys.exit("bench/bringup.py needs root")
@@ -87,8 +89,10 @@ def main():
     print(f"datapath {datapath}; medians of {args.repeat} runs, testbed and plain Mininet alternated")
     print(f"{'scenario':10} {'GPUs':>4} {'switches':>8}  {'testbed up':>10} {'mininet up':>10} {'ratio':>6}"
           f"  {'testbed down':>12} {'mininet down':>12} {'ratio':>6}")
-    for ref in args.scenarios:
-        p = planning.build(scenario.load(ref), datapath)
+    cases = [(ref, []) for ref in args.scenarios] + [
+        ("rail-32", [f"fabric.servers={n // 8}", "fabric.spines=8", "fabric.uplinks.count=8"]) for n in args.gpus]
+    for ref, sets in cases:
+        p = planning.build(scenario.load(ref, sets), datapath)
         tb, mn = [], []
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(args.repeat):
