@@ -1,40 +1,51 @@
-"""``python -m testbed.agent PLAN_JSON GPU RECORDS``: one emulated GPU, started by the run
-in the GPU's namespace. Prints ``ready`` once its sockets are open, reads the shared start
-time and deadline from stdin, runs its ops, prints ``done``, and answers its peers until
-the run closes stdin (closed earlier, during the ops: it stops)."""
+"""``python -m testbed.agent PLAN_JSON RECORDS_DIR GPU=PID [GPU=PID ...]``: the emulated GPUs of
+one server, started by the run in the first GPU's namespace. Opens each GPU's sockets in
+that GPU's namespace (the one of process PID, its Mininet host), prints ``ready``, reads
+the shared start time and deadline from stdin, runs every GPU's ops in one event loop
+(``server.serve``), prints ``done``, and answers its peers until the run closes stdin
+(closed earlier, during the ops: it stops). Each GPU's records go to RECORDS_DIR/GPU.jsonl."""
 
 import json
 import os
 import sys
+from pathlib import Path
 
+from testbed.agent import netns, server
 from testbed.agent.config import from_plan
 from testbed.agent.runner import Agent
 
 
 def main(argv=None) -> int:
-    plan_path, gpu, records = sys.argv[1:] if argv is None else argv
+    plan_path, records_dir, *members = sys.argv[1:] if argv is None else argv
     with open(plan_path) as f:
-        cfg = from_plan(json.load(f), gpu, records)
-    # One CPU per agent (GPUs spread over the CPUs): a sender that hops between CPUs leaves
-    # its packets in two CPUs' receive backlogs of the veth, which can deliver them out of
-    # order, and a NIC never reorders one flow. Seen as go-back-N retransmissions on a
-    # non-blocking fabric in CI.
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[cfg["index"] % len(os.sched_getaffinity(0))]})
-    agent = Agent(cfg, control=sys.stdin)
+        plan = json.load(f)
+    agents = []
+    for member in members:
+        gpu, pid = member.split("=")
+        cfg = from_plan(plan, gpu, str(Path(records_dir) / f"{gpu}.jsonl"))
+        with netns.entered(int(pid)):
+            agents.append(Agent(cfg, snmp_path=f"/proc/{pid}/net/snmp"))
+    # One CPU per server process (servers spread over the CPUs): a sender that hops between
+    # CPUs leaves its packets in two CPUs' receive backlogs of the veth, which can deliver
+    # them out of order, and a NIC never reorders one flow. Seen as go-back-N
+    # retransmissions on a non-blocking fabric in CI.
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[agents[0].cfg["server"] % len(cpus)]})
     print("ready", flush=True)
     line = sys.stdin.readline()
     if not line.strip():
         return 3  # the run went away before starting us
     start_ns, deadline_ns = (int(x) for x in line.split())
     try:
-        rc = agent.run(start_ns, deadline_ns)
+        rc = server.serve(agents, start_ns, deadline_ns, control=sys.stdin)
         if rc == 0:
             print("done", flush=True)
-            agent.linger(sys.stdin)
+            server.linger(agents, sys.stdin)
         return rc
     finally:
-        agent.report()
-        agent.out.close()
+        for a in agents:
+            a.report()
+            a.out.close()
 
 
 sys.exit(main())

@@ -23,7 +23,8 @@ def from_plan(plan: dict, gpu: str, records: str) -> dict:
     if me["nvlink_ip"]:
         nics["nvlink"] = {"intf": f"{gpu}-eth1", "mac": me["nvlink_mac"], "ip": me["nvlink_ip"].split("/")[0],
                           "line_bps": t["nvlink_line_bps"]}
-    return {"gpu": gpu, "index": me["index"], "nics": nics, "peers": peers, "dilation": plan["dilation"],
+    return {"gpu": gpu, "index": me["index"], "server": me["server"], "nics": nics, "peers": peers,
+            "dilation": plan["dilation"],
             "mtu_bytes": t["mtu_bytes"], "dcqcn": t["dcqcn"], "dcqcn_params": t["dcqcn_params"],
             "rto_ns": t["rto_ns"], "ops": training["ops"][gpu], "records": records,
             **{k: t[k] for k in BALANCE if k in t}}

@@ -1,8 +1,10 @@
-"""One emulated GPU: runs its schedule with RoCEv2 on the wire, in its host's namespace.
+"""One emulated GPU: runs its schedule with RoCEv2 on the wire, its sockets in its host's
+namespace.
 
-Started by the run (``python -m testbed.agent PLAN_JSON GPU RECORDS``); prints ``ready`` once its
-sockets are open, reads the shared start time (CLOCK_MONOTONIC ns, one clock for all
-namespaces) from stdin, then executes its ops: compute as dilated timers, sends as
+Its server's agent process (``python -m testbed.agent``, ``testbed.agent.server``) opens its
+sockets, steps it from the shared start time (CLOCK_MONOTONIC ns, one clock for all
+namespaces) whenever its next event is due or a socket of its is readable: it executes its
+ops: compute as dilated timers, sends as
 paced RoCE packets on a raw AF_PACKET socket per NIC (templates from ``testbed.roce``),
 receives on a UDP 4791 socket with IP_RECVTOS (so CE marks are seen without parsing
 foreign traffic, and the kernel sends no port-unreachable). Records go to a JSONL file
@@ -23,7 +25,6 @@ apply unchanged.
 from __future__ import annotations
 
 import json
-import select
 import socket
 import time
 from collections import defaultdict
@@ -38,7 +39,6 @@ from testbed.agent.channel import CONTROL_OPCODES, BusyChannels, Channel, Connec
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_RX_BATCH = 256
 IDLE_WAKE_NS = 50_000_000
-CONTROL_CHECK_NS = 10_000_000  # how often a busy loop looks whether the run closed our stdin
 # counter names (count, summed lateness, worst lateness) in the NIC record, for Agent.late
 TX_LATE = ("tx_count", "tx_late_ns", "tx_late_max_ns")
 TIMER_LATE = ("timer_count", "timer_late_ns", "timer_late_max_ns")
@@ -55,20 +55,16 @@ def open_rx() -> socket.socket:
     return rx
 
 
-def wait_readable(socks, timeout_s: float):
-    select.select(socks, [], [], timeout_s)
-
-
 class Agent:
-    """The GPU's event loop. ``clock`` (CLOCK_MONOTONIC ns), ``wait`` (sleep until a socket
-    is readable or the timeout passes) and the socket openers are parameters so the loop
-    runs against a fake clock and fake sockets in the unit tests."""
+    """The GPU's event loop, one ``step`` at a time. ``clock`` (CLOCK_MONOTONIC ns) and the
+    socket openers are parameters so the loop runs against a fake clock and fake sockets in
+    the unit tests."""
 
-    def __init__(self, cfg: dict, clock=time.monotonic_ns, wait=wait_readable, open_nic=Nic, open_rx=open_rx,
-                 open_pause=pfc.open_socket, control=None):
+    def __init__(self, cfg: dict, clock=time.monotonic_ns, open_nic=Nic, open_rx=open_rx,
+                 open_pause=pfc.open_socket, snmp_path: str = "/proc/net/snmp"):
         self.cfg = cfg
-        self.control = control  # the run's pipe: closed = stop (the run was interrupted or failed)
-        self.clock, self.wait = clock, wait
+        self.clock = clock
+        self.snmp_path = snmp_path  # the UDP counters of the GPU's namespace (/proc/PID/net/snmp)
         self.name, self.index = cfg["gpu"], cfg["index"]
         self.d = Dilation(cfg["dilation"])
         self.mtu = cfg["mtu_bytes"]
@@ -138,26 +134,6 @@ class Agent:
         self.remaining = len(self.op_by_id)
         self.graph = OpGraph(self.ops)
         self.rto_ns = int(self.d.duration_ns(self.rto_real_ns))
-
-    def run(self, start_ns: int, deadline_ns: int) -> int:
-        self.prepare(start_ns)
-        while self.clock() < start_ns:
-            time.sleep(max(0.0, (start_ns - self.clock()) / 1e9))
-        next_control_check = 0
-        while self.remaining:
-            now = self.clock()
-            if now > deadline_ns:
-                self.abort("deadline", now)
-                return 4
-            if self.control is not None and now >= next_control_check:
-                next_control_check = now + CONTROL_CHECK_NS
-                if select.select([self.control], [], [], 0)[0] and not self.control.readline():
-                    self.abort("stopped by the run", now)
-                    return 3
-            timeout = max(0.0, (self.step(now) - self.clock()) / 1e9)
-            if timeout > 0:
-                self.wait([self.rx, self.pause], min(timeout, 0.05))
-        return 0
 
     def abort(self, reason: str, now: int):
         self.record(type="abort", reason=reason, t_ns=now,
@@ -312,16 +288,6 @@ class Agent:
             self.resumed_ns = now
             self.record(type="resumed", t_ns=now)
 
-    def linger(self, control):
-        """Every op is done; peers may still retransmit into us (a lost ACK): keep answering
-        until the run closes our stdin, which it does once every agent is done."""
-        while True:
-            readable, _, _ = select.select([self.rx, control], [], [], 1.0)
-            if self.rx in readable:
-                self.receive(self.clock())
-            if control in readable and not control.readline():
-                return
-
     # -- receive ---------------------------------------------------------------------------
     def receive(self, now: int):
         for _ in range(MAX_RX_BATCH):
@@ -365,7 +331,7 @@ class Agent:
                         bytes_received=r.bytes, dcqcn_cuts=rp.cuts, final_rate_bps=rp.rate_bps,
                         **{k: v for k, v in c.items() if k != "naks_received"})
         nic = dict(self.nic_counters)
-        dropped = udp_receive_errors()
+        dropped = udp_receive_errors(self.snmp_path)
         if dropped:
             nic["udp_receive_errors"] = dropped
         for n in self.nics.values():

@@ -1,9 +1,10 @@
-"""The GPU agents of a run: one process per GPU host, in its namespace, started together,
-watched to the end.
+"""The GPU agents of a run: one process per server, serving its GPUs (each GPU's sockets
+opened in that GPU's namespace), started together, watched to the end.
 
-``Agents`` is a context manager: it starts every agent with the run's ``plan.json`` and
-its GPU name (the agent reads its ops, peers and transport settings there), waits until
-every one has its sockets open, hands all of them the same start time (a little in the
+``Agents`` is a context manager: it starts every server's agent process with the run's
+``plan.json`` and its GPUs (each agent reads its ops, peers and transport settings there)
+with the PID of each GPU's Mininet host (whose namespace it enters to open the sockets),
+waits until every one has its sockets open, hands all of them the same start time (a little in the
 future on CLOCK_MONOTONIC), and waits for every agent to finish its ops. On exit, normal
 or not, it closes their stdin (their signal to stop) and ends any that remain, by PID.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from testbed.apply.process import Child, stop_all
 
-READY_TIMEOUT_S = 120  # 8 agents starting at once take ~1 min under QEMU software emulation
+READY_TIMEOUT_S = 120  # 8 GPUs' agents starting at once took ~1 min under QEMU software emulation
 START_MARGIN_S = 0.5
 EXIT_TIMEOUT_S = 10
 
@@ -24,9 +25,15 @@ EXIT_TIMEOUT_S = 10
 class Agents:
     def __init__(self, fabric, gpus, plan_path: Path, records_dir: Path, record):
         self.records_dir, self.record = records_dir, record
-        self.children = [Child(f"agent {gpu}", [sys.executable, "-m", "testbed.agent", str(plan_path), gpu,
-                                                str(records_dir / f"{gpu}.jsonl")], popen=fabric.host(gpu).popen)
-                         for gpu in gpus]
+        server_of = {h.name: h.server for h in fabric.plan.hosts}
+        servers = {}
+        for gpu in gpus:
+            servers.setdefault(server_of[gpu], []).append(gpu)
+        self.children = [Child(f"the agents of server {server} ({', '.join(members)})",
+                               [sys.executable, "-m", "testbed.agent", str(plan_path), str(records_dir),
+                                *(f"{gpu}={fabric.host(gpu).pid}" for gpu in members)],
+                               popen=fabric.host(members[0]).popen)
+                         for server, members in servers.items()]
 
     def __enter__(self):
         self.records_dir.mkdir(exist_ok=True)

@@ -67,7 +67,7 @@ def make_agent(tmp_path):
                                    "line_bps": LINE_BPS}},
                "peers": {"h2": {"index": 2, "mac": "02:01:00:00:02:01", "ip": "10.0.2.1", "nvlink_mac": None,
                                 "nvlink_ip": None}}, **transport}
-        agent = Agent(cfg, clock=clock, wait=lambda socks, t: None, open_nic=FakeNic, open_rx=lambda: rx,
+        agent = Agent(cfg, clock=clock, open_nic=FakeNic, open_rx=lambda: rx,
                       open_pause=lambda intf: pause)
         agent.prepare(clock.now)
         return agent, clock, rx, pause

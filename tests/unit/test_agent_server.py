@@ -1,0 +1,58 @@
+"""One server's agents in one event loop (testbed.agent.server.serve) on a fake clock: each
+agent is stepped when its own next event is due, none waits for another's, and the
+deadline ends them all with their unfinished ops recorded."""
+
+import json
+
+from testbed.agent import server
+from testbed.agent.runner import Agent
+
+from test_agent_loop import D, LINE_BPS, MTU, Clock, FakeNic, Inbox, op
+
+
+def agents_on(clock, tmp_path, schedules):
+    out = []
+    for i, ops in enumerate(schedules, start=1):
+        peer = 2 if i == 1 else 1
+        cfg = {"gpu": f"h{i}", "index": i, "server": 1, "dilation": D, "mtu_bytes": MTU, "dcqcn": False,
+               "dcqcn_params": {}, "rto_ns": 128_000, "ops": ops, "records": str(tmp_path / f"h{i}.jsonl"),
+               "nics": {"fabric": {"intf": f"h{i}-eth0", "mac": f"02:01:00:00:0{i}:01", "ip": f"10.0.{i}.1",
+                                   "line_bps": LINE_BPS}},
+               "peers": {f"h{peer}": {"index": peer, "mac": f"02:01:00:00:0{peer}:01", "ip": f"10.0.{peer}.1",
+                                      "nvlink_mac": None, "nvlink_ip": None}}}
+        out.append(Agent(cfg, clock=clock, open_nic=FakeNic, open_rx=Inbox, open_pause=lambda intf: Inbox()))
+    return out
+
+
+def records(agent):
+    agent.out.flush()
+    return [json.loads(line) for line in open(agent.cfg["records"])]
+
+
+def sleeping(clock, woken=()):
+    def wait(socks, timeout_s):
+        clock.now += int(timeout_s * 1e9)  # nothing arrives: the timeout passes
+        return list(woken)
+    return wait
+
+
+def test_each_agent_is_stepped_when_its_own_timer_is_due(tmp_path):
+    clock = Clock()
+    a, b = agents_on(clock, tmp_path, [[op(0, "compute", duration_ns=30), op(1, "compute", [0], duration_ns=10)],
+                                       [op(0, "compute", duration_ns=5)]])
+    t0 = clock.now
+    assert server.serve([a, b], t0, t0 + 10**12, clock=clock, wait=sleeping(clock)) == 0
+    ends = {(r["gpu"], r["id"]): r["end_ns"] - t0 for ag in (a, b) for r in records(ag) if r["type"] == "op"}
+    assert ends == {("h1", 0): 30 * D, ("h1", 1): 40 * D, ("h2", 0): 5 * D}
+    # each compute phase was noticed on time: b's short timer did not wait behind a's
+    assert a.nic_counters["timer_late_ns"] < 0.001 * 40 * D and b.nic_counters["timer_late_ns"] < 0.001 * 5 * D
+
+
+def test_the_deadline_ends_every_agent_still_running(tmp_path):
+    clock = Clock()
+    a, b = agents_on(clock, tmp_path, [[op(0, "compute", duration_ns=5)], [op(0, "compute", duration_ns=10**6)]])
+    t0 = clock.now
+    assert server.serve([a, b], t0, t0 + 100 * D, clock=clock, wait=sleeping(clock)) == 4
+    assert [r["type"] for r in records(a)] == ["op"]  # a finished before the deadline
+    (abort,) = [r for r in records(b) if r["type"] == "abort"]
+    assert abort["reason"] == "deadline" and abort["waiting"][0]["id"] == 0
