@@ -37,7 +37,6 @@ from testbed.model.training import TrainingPlan, plan_training
 # emulation, where no forwarding figure means anything). The manifest records the
 # figure used and the fidelity guard checks, per run, that it held.
 FORWARDING_BUDGET_BPS = {"user": 400e6, "kernel": 1e9}
-AGENT_BUDGET_BPS = 10e9  # GPU agents: GPUs x GPUs x line rate / this (auto_dilation says why)
 DEFAULT_TELEMETRY_INTERVAL_REAL_NS = 10_000
 
 
@@ -203,27 +202,17 @@ class Plan:
 
 
 def auto_dilation(fabric: Fabric, datapath: str) -> tuple[units.Dilation, str]:
-    """The larger of two dilations, rounded up to 1/2/5 x 10^k: every GPU sending at line
-    rate across three switch hops fits the host's forwarding budget for the datapath; and
-    the GPU agents fit theirs. An agent's CPU per packet grows with the number of agent
-    processes sharing the cores (each wake-up finds its process cache-cold: 217 us of agent
-    CPU per packet sent at 32 GPUs, 387 at 64, ~950 at 128; docs/measurements.md, "Scale"),
-    so their demand grows as GPUs x GPUs x line rate. ``AGENT_BUDGET_BPS`` is calibrated on
-    the 2-core development machine: 64 GPUs trusted at 200000, 128 not at 500000 and
-    trusted at 1000000; below 64 GPUs the forwarding term is the larger."""
+    """Dilation so that every GPU sending at line rate across three switch hops fits the
+    host's forwarding budget for the datapath, rounded up to 1/2/5 x 10^k."""
     gpus = sum(leaf.hosts for leaf in fabric.leaves)
     hops = 3 if fabric.spines else 1
     demand = gpus * fabric.host_link.rate_bps * hops
     budget = FORWARDING_BUDGET_BPS["kernel" if datapath == "kernel" else "user"]
-    agents = gpus * gpus * fabric.host_link.rate_bps / AGENT_BUDGET_BPS
-    d = units.Dilation.nice(max(demand / budget, agents))
+    d = units.Dilation.nice(demand / budget)
     reason = (f"auto: {gpus} GPUs x {units.format_rate(fabric.host_link.rate_bps)} x {hops} hops = "
               f"{units.format_rate(demand)} of forwarding; {datapath} datapath budget "
-              f"{units.format_rate(budget)} -> D >= {demand / budget:.0f}")
-    if agents > demand / budget:
-        reason += (f"; agents: {gpus} x {gpus} GPUs x {units.format_rate(fabric.host_link.rate_bps)} over "
-                   f"{units.format_rate(AGENT_BUDGET_BPS)} -> D >= {agents:.0f}")
-    return d, reason + f", rounded to {d.factor:g}"
+              f"{units.format_rate(budget)} -> D >= {demand / budget:.0f}, rounded to {d.factor:g}")
+    return d, reason
 
 
 def _mac(kind: int, a: int, b: int) -> str:

@@ -112,12 +112,10 @@ def test_dilation_auto_and_explicit():
     assert build("default").dilation.factor == 50000
     assert plan.build(scenario.load("default"), "kernel").dilation.factor == 10000
     assert build("default", "dilation=40000").dilation == Dilation(40000)
-    # the agents' term (GPUs x GPUs x 400G over 10G) takes over above 64 GPUs: measured, 128
-    # GPUs were not trusted at 500000 (what forwarding alone asks) and were at 1000000
+    # 64 and 128 GPUs: what docs/measurements.md ("Scale") found trusted on a 2-core machine
     big = ("fabric.spines=8", "fabric.uplinks.count=8")
     assert build("rail-32", "fabric.servers=8", *big).dilation.factor == 200000
-    p = build("rail-32", "fabric.servers=16", *big)
-    assert p.dilation.factor == 1_000_000 and "agents: 128 x 128 GPUs x 400G over 10G -> D >= 655360" in p.dilation_reason
+    assert build("rail-32", "fabric.servers=16", *big).dilation.factor == 500000
 
 
 def test_single_leaf_without_spines():
