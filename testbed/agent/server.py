@@ -48,9 +48,17 @@ def serve(agents: list, start_ns: int, deadline_ns: int, control=None, clock=tim
                 for a in live:
                     a.abort("stopped by the run", now)
                 return 3
-        for a in live:
-            if a in woken or now >= due[a]:
-                due[a] = a.step(clock())
+        for a in agents:
+            if a.remaining:
+                if a in woken or now >= due[a]:
+                    due[a] = a.step(clock())
+            elif a in woken:
+                # done while the server's other GPUs are not: keep answering peers that still
+                # send to it (a retransmission after a lost ACK), as ``linger`` does, or a
+                # peer's send, and what depends on it in the other GPUs, would wait for us
+                t = clock()
+                a.receive(t)
+                a.receive_pause(t)
         pending = [due[a] for a in live if a.remaining]
         woken = set()
         if pending:

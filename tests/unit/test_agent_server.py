@@ -56,3 +56,28 @@ def test_the_deadline_ends_every_agent_still_running(tmp_path):
     assert [r["type"] for r in records(a)] == ["op"]  # a finished before the deadline
     (abort,) = [r for r in records(b) if r["type"] == "abort"]
     assert abort["reason"] == "deadline" and abort["waiting"][0]["id"] == 0
+
+
+def test_a_gpu_done_before_the_others_of_its_server_still_answers_its_peers(tmp_path):
+    """h1 has nothing to do; h2 computes. A retransmitted packet for h1 (its ACK was lost)
+    arrives while h2 still runs: h1 answers it then, not once the whole server is done."""
+    from testbed.wire import roce
+    clock = Clock()
+    a, b = agents_on(clock, tmp_path, [[], [op(0, "compute", duration_ns=1000)]])
+    peer = roce.Endpoint("02:01:00:00:02:01", "10.0.2.1")
+    data = roce.FrameTemplate(peer, a.nics["fabric"].me, 0xC000, roce.qpn(1, 2), 0, roce.DSCP_DATA, 0)
+    frame = data.frame(roce.OP_SEND_ONLY, 0, True, bytes(MTU))
+    sent_at = []
+    a.nics["fabric"].send = lambda f: sent_at.append((clock.now, roce.parse(f[roce.OFF_UDP + roce.UDP_LEN:])))
+    t0 = clock.now
+
+    def wait(socks, timeout_s):
+        clock.now += min(int(timeout_s * 1e9), 10 * D)
+        if clock.now == t0 + 10 * D:  # the first wait: the packet arrives
+            a.rx.queue.append((frame[roce.OFF_UDP + roce.UDP_LEN:], [], 0, None))
+            return [a.rx]
+        return []
+
+    assert server.serve([a, b], t0, t0 + 10**12, clock=clock, wait=wait) == 0
+    assert [(t, p.opcode) for t, p in sent_at] == [(t0 + 10 * D, roce.OP_ACK)]  # answered on arrival
+    assert b.state[0] == "done"  # h2 computed until t0 + 1000 D, long after
