@@ -2,7 +2,8 @@
 emulation kept up with the time dilation it was given:
 
 - ``dequeue_rate``: switch ports with a standing backlog must send at their configured
-  (emulated) rate; a slower port means OVS or the kernel could not keep up and every
+  (emulated) rate, judged over the poll intervals whose starting backlog alone outlasts the
+  interval (so the port had work throughout); a slower port means OVS or the kernel could not keep up and every
   queue, mark and pause downstream of it is wrong;
 - ``agent_pacing``: GPU agents' packets leave close to when they are due (mean lateness
   in packet gaps at line rate): late packets mean the agents cannot pace at this dilation;
@@ -67,7 +68,10 @@ def dequeue_rate(r) -> dict | None:
     for intf, g in q.sort_values("t_ns").groupby("intf"):
         rows = g[["t_ns", "tbf_backlog_bytes", "tbf_sent_bytes", rate_col]].to_numpy()
         for (t0, b0, s0, rate), (t1, b1, s1, rate1) in zip(rows[:-1], rows[1:]):
-            if b0 <= 0 or b1 <= 0 or rate1 != rate or any(a < t1 and b > t0 for a, b in paused.get(intf, ())):
+            # busy for the whole interval only if the backlog at its start could not drain in it
+            # (arrivals only add): a small backlog seen at both polls may have drained in between
+            if (b1 <= 0 or b0 * 8 < rate * (t1 - t0) / 1e9 or rate1 != rate
+                    or any(a < t1 and b > t0 for a, b in paused.get(intf, ()))):
                 continue
             sent += (s1 - s0) * 8
             capacity += rate * (t1 - t0) / 1e9

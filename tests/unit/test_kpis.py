@@ -71,10 +71,12 @@ def run_dir(tmp_path):
         {"gpu": "h1", "type": "qp", "peer": "h2", "link": "fabric", "packets_sent": 10, "retransmitted": 0}])
     write(tmp_path / "agents" / "h2.jsonl", [
         {**op, "gpu": "h2", "id": 0, "peer": "h1", "ready_ns": 0, "start_ns": 0, "end_ns": 3000 * D}])
-    # leaf1-eth2 backlogged for 1 s (emulated) and sent 25 MB = 200 Mbit at 400 Mbit/s: 50 %
+    # leaf1-eth2 backlogged for 1 s (emulated: 50 MB waiting at its start, a second's worth at
+    # 400 Mbit/s) and sent 25 MB = 200 Mbit: 50 %
     write(tmp_path / "queues.jsonl",
           queue_rows("leaf1-eth1", [(0, 0, 0, 0, 0, 0, 0), (10 ** 9, 0, 0, 5, 100, 1, 300)])
-          + queue_rows("leaf1-eth2", [(0, 500, 0, 0, 0, 0, 500, 300), (10 ** 9, 500, 25_000_000, 0, 0, 0, 800, 700)])
+          + queue_rows("leaf1-eth2", [(0, 50_000_000, 0, 0, 0, 0, 500, 300),
+                                      (10 ** 9, 25_000_500, 25_000_000, 0, 0, 0, 800, 700)])
           + queue_rows("leaf1-eth3", [(0, 0, 0, 0, 0, 0, 0), (10 ** 9, 0, 0, 0, 0, 0, 0)]))
     ports = []
     for intf, sent in (("leaf1-eth2", 3000), ("leaf1-eth3", 1000)):
@@ -294,3 +296,17 @@ def test_dequeue_rate_is_measured_against_the_rate_in_force():
     # against the plan's rate alone (a run from before the column) the slowed port looks slow
     old = SimpleNamespace(queues=r.queues.drop(columns="emulated_rate_now_bps"), pfc_events=r.pfc_events)
     assert not fidelity.dequeue_rate(old)["ok"]
+
+
+def test_dequeue_rate_leaves_out_an_interval_a_small_backlog_could_drain_in():
+    """A backlog seen at two polls is not a port busy between them: 500 B drains in 0.5 ms at
+    8 Mbit/s, so a 1 ms interval starting with it says nothing about the port's rate; one
+    starting with 1000 B or more does."""
+    ms = 1_000_000
+    rows = [{"t_ns": t * ms, "intf": "leaf1-eth5", "tbf_backlog_bytes": b, "tbf_sent_bytes": sent,
+             "emulated_rate_bps": 8e6} for t, b, sent in ((0, 500, 0), (1, 500, 500), (2, 1000, 1000))]
+    r = SimpleNamespace(queues=results.pd.DataFrame(rows), pfc_events=results.pd.DataFrame())
+    assert fidelity.dequeue_rate(r) is None
+    rows.append({**rows[-1], "t_ns": 3 * ms, "tbf_sent_bytes": 1900})
+    r = SimpleNamespace(queues=results.pd.DataFrame(rows), pfc_events=results.pd.DataFrame())
+    assert fidelity.dequeue_rate(r)["value"] == 0.9
