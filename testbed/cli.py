@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print the planned fabric (no root needed)")
     _add_scenario_args(p)
     p.add_argument("--paths", nargs=2, metavar=("SRC", "DST"), help="GPU hosts to list ECMP paths for (h1 h8)")
+    p.add_argument("--cluster", default=None, metavar="SERVER,...",
+                   help="show where each leaf, GPU and spine would run on these servers, and which links cross")
     p.add_argument("--digest", action="store_true",
                    help="a short digest of the plan (counts, per-port settings, bytes per step): what the golden "
                         "plans in the tests are")
@@ -134,6 +136,11 @@ def _show(args) -> str:
     from testbed.views import digest, show
 
     planned = plan.build(_load(args))
+    if args.cluster is not None:
+        from testbed.model import cluster as placement
+        from testbed.views import cluster
+
+        return cluster.render(planned, placement.place(planned, placement.parse_machines(args.cluster)))
     return digest.digest(planned).rstrip("\n") if args.digest else \
         show.render(planned, tuple(args.paths) if args.paths else None)
 

@@ -1,0 +1,63 @@
+"""Placement of a fabric on several machines (model.cluster): pure, no root."""
+
+import pytest
+
+from testbed import cli
+from testbed.config import scenario
+from testbed.errors import ConfigError
+from testbed.model import cluster, plan
+
+
+def build(ref, *overrides):
+    return plan.build(scenario.load(ref, list(overrides)), "user")
+
+
+def test_leaf_spine_places_one_pod_per_server_and_only_uplinks_cross():
+    p = build("leaf-spine")
+    placed = cluster.place(p, ("a", "b"))
+    assert [pod.leaves for pod in placed.pods] == [("leaf1",), ("leaf2",)]
+    assert placed.pod_machine == ("a", "b") and placed.gpus_on("a") == placed.gpus_on("b") == 4
+    assert {placed.node_machine[f"spine{i}"] for i in (1, 2)} == {"a", "b"}
+    # every GPU link stays on its pod's machine; an uplink crosses iff its spine is elsewhere
+    for link in p.links:
+        crosses = placed.node_machine[link.a] != placed.node_machine[link.b]
+        assert crosses == (link in placed.cross_links)
+        assert not crosses or link.kind == "uplink"
+    assert len(placed.cross_links) == 4 and len([lk for lk in p.links if lk.kind == "uplink"]) == 8
+
+
+def test_uneven_pods_go_to_the_machine_with_fewest_gpus():
+    p = build("leaf-spine", "fabric.leaves=5", "fabric.spines=3", "fabric.uplinks.count=3")
+    placed = cluster.place(p, ("a", "b", "c"))
+    assert sorted(placed.gpus_on(m) for m in placed.machines) == [4, 8, 8]
+    assert sorted(placed.node_machine[s] for s in ("spine1", "spine2", "spine3")) == ["a", "b", "c"]
+    assert sum(len(pod.gpus) for pod in placed.pods) == len(p.hosts)
+    assert set(placed.node_machine) == {s.name for s in p.switches} | {h.name for h in p.hosts} | \
+        {s.nvlink_bridge for s in p.servers if s.nvlink_bridge}
+
+
+def test_a_rail_optimised_fabric_is_one_pod_and_is_not_split():
+    """Every server reaches every rail leaf and shares one NVLink: splitting would put a
+    GPU link or an NVLink across machines, which the placement refuses by pod count."""
+    p = build("default")
+    assert len(cluster.pods(p)) == 1
+    assert cluster.place(p, ("a",)).cross_links == ()
+    with pytest.raises(ConfigError, match=r"2 servers but fabric rail-optimised of scenario default has 1 pod"):
+        cluster.place(p, ("a", "b"))
+
+
+@pytest.mark.parametrize("text, error", [
+    ("", "expected a comma-separated list"), ("a,,b", "expected a comma-separated list"),
+    ("a,a", "a is listed twice"), ("a;rm", "is not a host name"), ("-oProxyCommand=x", "is not a host name")])
+def test_bad_server_lists_are_refused(text, error):
+    with pytest.raises(ConfigError, match=error):
+        cluster.parse_machines(text)
+
+
+def test_show_cluster_prints_the_placement_and_the_crossing_links(capsys, in_repo):
+    assert cli.main(["show", "leaf-spine", "--cluster", "10.0.0.1,10.0.0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "10.0.0.1: 4 GPUs (h1..h4), leaves leaf1, spines spine1" in out
+    assert "cross-server links: 4 of 8 uplinks" in out and "leaf1-eth6     <-> spine2-eth1" in out
+    assert cli.main(["show", "default", "--cluster", "a,b"]) == 2
+    assert "has 1 pod" in capsys.readouterr().err
