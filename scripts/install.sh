@@ -3,7 +3,7 @@
 # Used by ./lab (quickstart), .ci/run (CI) and the Vagrantfile (lab VM), so it cannot rot.
 #   - Debian/Ubuntu packages: Mininet, Open vSwitch, iproute2, ethtool, ping, tcpdump, tshark,
 #     iperf3, clang/llvm/libbpf/bpftool (the marker), python3-setuptools (distutils for
-#     Mininet on Python >= 3.12)
+#     Mininet on Python >= 3.12), the ssh client (doctor --cluster)
 #   - Open vSwitch started (systemd where it runs, else ovs-ctl)
 #   - a venv (system site packages, so the distribution's Mininet imports) with the
 #     project installed editable; TESTBED_VENV chooses where (default: .venv in the repo)
@@ -14,10 +14,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TESTBED_VENV:-$repo/.venv}
 packages=(mininet openvswitch-switch python3-venv python3-pip python3-setuptools iproute2 ethtool
-          iputils-ping tcpdump tshark iperf3 clang llvm libbpf-dev bpftool)
-# TESTBED_TEST_TOOLS=1 (./lab test): what the test suite needs besides (report.html in headless Chromium)
+          iputils-ping tcpdump tshark iperf3 clang llvm libbpf-dev bpftool openssh-client)
+# TESTBED_TEST_TOOLS=1 (./lab test): what the test suite needs besides (report.html in headless Chromium;
+# sshd for the cluster test's second server, which starts its own: where a policy-rc.d forbids it, as
+# in containers, installing does not start a system sshd)
 if [ "${TESTBED_TEST_TOOLS:-0}" = 1 ]; then
-    packages+=(chromium)
+    packages+=(chromium openssh-server)
 fi
 
 say() { printf '[install] %s\n' "$*"; }

@@ -67,7 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="two or more run folders")
     p.add_argument("--html", type=Path, default=None,
                    help="where to write the page (default: compare-<time>.html next to the first run)")
-    sub.add_parser("doctor", help="what this machine can do, and the fix for what is missing")
+    p = sub.add_parser("doctor", help="what this machine can do, and the fix for what is missing")
+    p.add_argument("--cluster", default=None, metavar="SERVER,...",
+                   help="check these servers instead (ssh as root, same version, OVS, clock offset)")
     p = sub.add_parser("clean", help="remove what killed runs left behind (ours only, by run tag)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     _add_lab_parser(sub)
@@ -145,6 +147,28 @@ def _show(args) -> str:
         show.render(planned, tuple(args.paths) if args.paths else None)
 
 
+def _doctor(args) -> int:
+    from testbed.apply import capabilities
+
+    if args.cluster is not None:
+        from testbed.apply import cluster
+        from testbed.model.cluster import parse_machines
+
+        items = cluster.checks(parse_machines(args.cluster))
+    else:
+        items = capabilities.checks()
+    width = max(len(c.name) for c in items)
+    for c in items:
+        mark = {True: "ok", False: "MISSING" if c.required else "absent", None: "?"}[c.ok]
+        fix = f"  -> {c.fix}" if c.fix and not c.ok else ""
+        print(f"{c.name:<{width}}  {mark:8} {c.detail}{fix}")
+    if args.cluster is None:
+        print()
+        for line in capabilities.summary(items):
+            print(line)
+    return 0 if not any(c.required and c.ok is False for c in items) else 1
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = parser().parse_args(argv)
@@ -186,18 +210,7 @@ def main(argv=None) -> int:
 
             print(report.compare(args.run_dirs, args.html))
         elif args.command == "doctor":
-            from testbed.apply import capabilities
-
-            items = capabilities.checks()
-            width = max(len(c.name) for c in items)
-            for c in items:
-                mark = {True: "ok", False: "MISSING" if c.required else "absent", None: "?"}[c.ok]
-                fix = f"  -> {c.fix}" if c.fix and not c.ok else ""
-                print(f"{c.name:<{width}}  {mark:8} {c.detail}{fix}")
-            print()
-            for line in capabilities.summary(items):
-                print(line)
-            return 0 if not any(c.required and c.ok is False for c in items) else 1
+            return _doctor(args)
         elif args.command == "lab":
             return _lab(args)
         elif args.command == "clean":

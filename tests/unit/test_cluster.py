@@ -61,3 +61,29 @@ def test_show_cluster_prints_the_placement_and_the_crossing_links(capsys, in_rep
     assert "cross-server links: 4 of 8 uplinks" in out and "leaf1-eth6     <-> spine2-eth1" in out
     assert cli.main(["show", "default", "--cluster", "a,b"]) == 2
     assert "has 1 pod" in capsys.readouterr().err
+
+
+def test_the_clock_offset_comes_from_the_shortest_round_trip():
+    from testbed.apply.cluster import ClockSample, best_offset
+
+    # remote runs 1000 ns ahead; a slow sample's answer came late in its round trip
+    samples = [ClockSample(0, 1_000 + 900, 1_000), ClockSample(5_000, 6_000 + 50, 5_100),
+               ClockSample(9_000, 10_000 + 3000, 13_000)]
+    offset, error = best_offset(samples)
+    assert (offset, error) == (1_000 + 50 - 50, 50)
+
+
+def test_the_clock_error_sets_the_smallest_dilation():
+    from testbed.apply.cluster import clock_error_dilation
+
+    # a tenth of a 4214-byte frame at 400G is 8.428 ns: 84.28 us of real error needs 10000
+    assert clock_error_dilation(84_280) == pytest.approx(10_000)
+
+
+def test_ssh_uses_keys_only_and_the_cluster_ssh_config(monkeypatch):
+    from testbed.apply import cluster as remote
+
+    monkeypatch.setenv("TESTBED_SSH_CONFIG", "/etc/cluster_ssh")
+    argv = remote.ssh_argv("10.0.0.2", remote.probe_command())
+    assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={remote.SSH_CONNECT_TIMEOUT_S}"]
+    assert argv[-3:-1] == ["/etc/cluster_ssh", "10.0.0.2"] and argv[-1].endswith("-m testbed.apply.cluster probe")

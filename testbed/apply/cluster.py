@@ -1,0 +1,218 @@
+"""``testbed doctor --cluster SERVER,...``: can these servers run a share of one run?
+
+Each server is reached with ``ssh root@SERVER`` (BatchMode: keys only, never a prompt;
+``TESTBED_SSH_CONFIG`` names an ssh_config file to use instead of root's own) and runs
+this module there from the same repository path and interpreter (``python -m
+testbed.apply.cluster probe``). The probe reports its user, its project source digest,
+Open vSwitch and the OVS datapath, then answers clock reads over the same ssh session:
+the clock offset of each server is measured NTP-style (the sample with the shortest round
+trip; its half round trip bounds the error). A run spanning servers puts one start
+deadline on every server's CLOCK_MONOTONIC, so what limits it is that error: dilated, it
+must stay within a tenth of one MTU's serialisation on the fastest link, which gives the
+smallest dilation the servers allow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import selectors
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from testbed import paths
+from testbed.apply.capabilities import Check
+
+SSH_CONNECT_TIMEOUT_S = 5
+PROBE_TIMEOUT_S = 30
+CLOCK_SAMPLES = 16
+MTU_FRAME_BYTES = 4214  # RoCEv2 4096-byte payload on the wire (model.queues.LINK_MTU frame)
+FASTEST_LINK_BPS = 400e9
+OFFSET_SHARE_OF_MTU = 0.1
+
+
+def source_digest() -> str:
+    """What "the same version" means: a digest of the project's code (testbed/, bpf/), so a
+    server with an edited or older checkout is told apart from one with this one."""
+    h = hashlib.sha256()
+    for top in ("testbed", "bpf"):
+        for path in sorted((paths.ROOT / top).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".c", ".h"):
+                h.update(str(path.relative_to(paths.ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def ssh_argv(server: str, remote: str) -> list[str]:
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}", "-l", "root"]
+    if os.environ.get("TESTBED_SSH_CONFIG"):
+        argv += ["-F", os.environ["TESTBED_SSH_CONFIG"]]
+    return argv + [server, remote]
+
+
+def probe_command() -> str:
+    """The remote command line: this repository's path and interpreter, on the server."""
+    return (f"cd {shlex.quote(str(paths.ROOT))} && exec {shlex.quote(sys.executable)} "
+            f"-m testbed.apply.cluster probe")
+
+
+def clock_error_dilation(error_ns: float) -> float:
+    """The smallest dilation at which a start-time error of ``error_ns`` (real) stays within a
+    tenth of one MTU's serialisation on the fastest link (emulated)."""
+    budget_ns = OFFSET_SHARE_OF_MTU * MTU_FRAME_BYTES * 8 / FASTEST_LINK_BPS * 1e9
+    return error_ns / budget_ns
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    local_before_ns: int
+    remote_ns: int
+    local_after_ns: int
+
+    @property
+    def round_trip_ns(self) -> int:
+        return self.local_after_ns - self.local_before_ns
+
+    @property
+    def offset_ns(self) -> float:
+        """remote - local, taking the remote read to be at the round trip's middle."""
+        return self.remote_ns - (self.local_before_ns + self.local_after_ns) / 2
+
+
+def best_offset(samples: list[ClockSample]) -> tuple[float, float]:
+    """(offset_ns, error_ns): the shortest round trip's offset, and half that round trip
+    (the remote read happened somewhere inside it)."""
+    best = min(samples, key=lambda s: s.round_trip_ns)
+    return best.offset_ns, best.round_trip_ns / 2
+
+
+class _Session:
+    """One ssh session running the probe: its report, then clock reads on demand."""
+
+    def __init__(self, server: str):
+        self.server = server
+        self.proc = subprocess.Popen(ssh_argv(server, probe_command()), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self.buf = b""
+
+    def line(self, deadline: float) -> str | None:
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sel.select(left):
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode()
+
+    def clock(self, deadline: float) -> ClockSample | None:
+        before = time.monotonic_ns()
+        self.proc.stdin.write(b"t\n")
+        self.proc.stdin.flush()
+        answer = self.line(deadline)
+        after = time.monotonic_ns()
+        return ClockSample(before, int(answer.split()[0]), after) if answer else None
+
+    def close(self) -> str:
+        """Ends the session; returns what ssh or the probe said on stderr."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=SSH_CONNECT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.sel.close()
+        err = self.proc.stderr.read().decode(errors="replace").strip()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return err
+
+
+def check_server(server: str, local_digest: str) -> list[Check]:
+    """The checks of one server: ssh, root, same version, OVS, clock."""
+    session = _Session(server)
+    try:
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        first = session.line(deadline)
+        report = json.loads(first) if first and first.startswith("{") else None
+        samples = []
+        if report is not None:
+            for _ in range(CLOCK_SAMPLES):
+                s = session.clock(deadline)
+                if s is None:
+                    break
+                samples.append(s)
+    finally:
+        err = session.close()
+    name = f"{server}:"
+    if report is None:
+        why = err.splitlines()[-1] if err else f"no answer in {PROBE_TIMEOUT_S} s"
+        fix = (f"set up passwordless ssh as root (docs/cluster.md), and the project at {paths.ROOT} with "
+               f"{sys.executable}" if session.proc.returncode != 255 else
+               "ssh keys for root, sshd reachable (docs/cluster.md)")
+        return [Check(f"{name} ssh + probe", False, why, fix)]
+    out = [Check(f"{name} ssh + probe", True, f"ssh root@{server}, host {report['hostname']}")]
+    out.append(Check(f"{name} root", report["uid"] == 0, f"uid {report['uid']}", "log in as root"))
+    same = report["source"] == local_digest
+    out.append(Check(f"{name} same version", same, f"source {report['source']} (here {local_digest})",
+                     f"check out the same commit at {paths.ROOT} on {server}"))
+    out.append(Check(f"{name} Open vSwitch", report["ovs_ok"], report["ovs"],
+                     "bash scripts/install.sh on the server"))
+    out.append(Check(f"{name} OVS datapath", True, "kernel (openvswitch.ko)" if report["kernel_datapath"]
+                     else "userspace (netdev): no openvswitch.ko", required=False))
+    if len(samples) < CLOCK_SAMPLES:
+        out.append(Check(f"{name} clock", False, f"{len(samples)} of {CLOCK_SAMPLES} clock reads answered",
+                         "a stable ssh connection"))
+        return out
+    offset_ns, error_ns = best_offset(samples)
+    out.append(Check(f"{name} clock", True,
+                     f"CLOCK_MONOTONIC offset {offset_ns / 1e3:+.1f} us +- {error_ns / 1e3:.1f} us (best of "
+                     f"{len(samples)} reads); a run needs dilation >= {clock_error_dilation(error_ns):.0f} for that "
+                     f"error to stay within {OFFSET_SHARE_OF_MTU:g} MTU at {FASTEST_LINK_BPS / 1e9:g}G"))
+    return out
+
+
+def checks(servers) -> list[Check]:
+    digest = source_digest()
+    out = []
+    for server in servers:
+        out += check_server(server, digest)
+    return out
+
+
+def probe_main() -> int:
+    """The server side: one JSON report line, then one clock read per line read."""
+    from testbed.apply import capabilities
+
+    db = capabilities._run(["ovs-vsctl", "--timeout=3", "show"])
+    daemon = capabilities._run(["ovs-appctl", "--timeout=3", "-t", "ovs-vswitchd", "version"])
+    failed = next((r for r in (db, daemon) if r.returncode), None)
+    report = {"uid": os.geteuid(), "hostname": socket.gethostname(), "source": source_digest(),
+              "ovs_ok": failed is None,
+              "ovs": (daemon.stdout.splitlines()[0] if failed is None else
+                      f"{' '.join(failed.args[:3])}: {(failed.stderr.strip() or 'failed').splitlines()[-1]}"),
+              "kernel_datapath": capabilities.ovs_kernel_datapath()}
+    out = sys.stdout.buffer
+    out.write(json.dumps(report).encode() + b"\n")
+    out.flush()
+    for _ in sys.stdin.buffer:
+        out.write(f"{time.monotonic_ns()}\n".encode())
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["probe"]:
+        sys.exit("usage: python -m testbed.apply.cluster probe (run by testbed doctor --cluster over ssh)")
+    sys.exit(probe_main())
