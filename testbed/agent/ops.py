@@ -8,8 +8,14 @@ from __future__ import annotations
 from collections import defaultdict, deque
 
 
+def peer_link(op: dict) -> tuple:
+    """The connection an op's message travels on: (peer GPU, link: fabric or nvlink)."""
+    return op["peer"], op.get("link", "fabric")
+
+
 def connection_key(op: dict) -> tuple:
-    return op["peer"], op.get("link", "fabric"), op["kind"]
+    """A connection's messages of one kind (sends or receives), which start in planned order."""
+    return (*peer_link(op), op["kind"])
 
 
 class OpGraph:

@@ -33,7 +33,7 @@ from testbed.wire import pfc
 from testbed.wire import roce
 from testbed.units import Dilation
 from testbed.agent.dcqcn import Params
-from testbed.agent.ops import OpGraph
+from testbed.agent.ops import OpGraph, peer_link
 from testbed.agent.channel import CONTROL_OPCODES, BusyChannels, Channel, Connection, Nic, udp_receive_errors
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
@@ -128,16 +128,15 @@ class Agent:
     # -- the run: one pass of the loop is ready ops, compute timers, receive, timers, transmit
     def prepare(self, start_ns: int):
         self.start_ns = start_ns
-        self.op_by_id = {op["id"]: op for op in self.ops}
-        self.state = {i: "waiting" for i in self.op_by_id}
-        self.ready_at, self.first_tx, self.compute_end = {}, {}, {}
-        self.remaining = len(self.op_by_id)
         self.graph = OpGraph(self.ops)
+        self.state = {i: "waiting" for i in self.graph.by_id}
+        self.ready_at, self.first_tx, self.compute_end = {}, {}, {}
+        self.remaining = len(self.graph.by_id)
         self.rto_ns = int(self.d.duration_ns(self.rto_real_ns))
 
     def abort(self, reason: str, now: int):
         self.record(type="abort", reason=reason, t_ns=now,
-                    waiting=[{"id": i, "kind": self.op_by_id[i]["kind"], "peer": self.op_by_id[i]["peer"]}
+                    waiting=[{"id": i, "kind": self.graph.by_id[i]["kind"], "peer": self.graph.by_id[i]["peer"]}
                              for i, s in self.state.items() if s != "done"][:20])
 
     def step(self, now: int) -> int:
@@ -162,7 +161,7 @@ class Agent:
             if op["kind"] == "compute":
                 self.compute_end[op_id] = now + int(self.d.duration_ns(op["duration_ns"]))
                 continue
-            conn = self.conns[(op["peer"], op.get("link", "fabric"))]
+            conn = self.conns[peer_link(op)]
             if op["kind"] == "send":
                 conn.send(op_id, op["bytes"])
                 for ch in conn.channels:
@@ -254,7 +253,7 @@ class Agent:
         self.state[op_id] = "done"
         self.graph.finished(op_id)
         self.remaining -= 1
-        op = self.op_by_id[op_id]
+        op = self.graph.by_id[op_id]
         self.record(type="op", id=op_id, kind=op["kind"], iteration=op["iteration"], phase=op["phase"],
                     collective=op["collective"], step=op["step"], peer=op["peer"], link=op.get("link"),
                     bytes=op["bytes"], micro_batch=op.get("micro_batch", -1), ready_ns=self.ready_at[op_id],
