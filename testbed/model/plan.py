@@ -172,6 +172,11 @@ class Plan:
         return routing.paths(table or self.route_table(), self.fabric_links, self.host(src), self.host(dst),
                              len(self.switches) + 1, limit)
 
+    def ecmp_shares(self, table: routing.Table | None = None) -> tuple[dict, dict]:
+        """Every ordered GPU pair sending one packet, split evenly at each hop: (expected
+        packets per switch egress interface, switches crossed per pair)."""
+        return routing.ecmp_shares(table or self.route_table(), self.fabric_links, self.hosts)
+
     @property
     def routing(self) -> str:
         """ecmp, or adaptive (each data packet to the least occupied shortest-path port)."""

@@ -5,7 +5,7 @@ fabric's max-flow (bisection bandwidth)."""
 from __future__ import annotations
 
 import ipaddress
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 
@@ -144,6 +144,47 @@ def paths(table: Table, fabric_links, src, dst, max_hops: int, limit: int = 64) 
 
     walk(src.leaf, [(src.name, f"{src.name}-eth0")])
     return found
+
+
+def ecmp_shares(table: Table, fabric_links, hosts) -> tuple[dict, dict]:
+    """Every ordered GPU pair sending one packet, split evenly over the ports of each
+    switch's route at each hop (what hashing does on average): (expected packets per switch
+    egress interface, switches crossed per pair). Per destination, each node's share of a
+    packet on every port below it is computed once and shared by all sources behind it: no
+    path is enumerated (all pairs' paths at 128 GPUs took ~1.6 s)."""
+    by_port = {}
+    for link in fabric_links:
+        by_port[(link.a, link.a_port)] = link.b
+        by_port[(link.b, link.b_port)] = link.a
+    load: dict = defaultdict(float)
+    switches: dict = {}
+    for dst in hosts:
+        below: dict = {dst.name: ({}, 0)}  # node -> (share per egress interface, switches to dst)
+
+        def down(node, depth=0):
+            if node not in below:
+                if depth > len(by_port):
+                    raise AssertionError(f"routing loop toward {dst.name} at {node}")
+                ports = table.ports(node, dst.addr)
+                if not ports:
+                    raise AssertionError(f"no route toward {dst.name} at {node}")
+                share: dict = defaultdict(float)
+                for port in ports:
+                    share[f"{node}-eth{port}"] += 1 / len(ports)
+                    for intf, v in down(by_port[(node, port)], depth + 1)[0].items():
+                        share[intf] += v / len(ports)
+                below[node] = (share, 1 + down(by_port[(node, ports[0])], depth + 1)[1])
+            return below[node]
+
+        senders = defaultdict(int)
+        for src in hosts:
+            if src.name != dst.name:
+                senders[src.leaf] += 1
+                switches[(src.name, dst.name)] = down(src.leaf)[1]
+        for leaf, n in senders.items():
+            for intf, v in down(leaf)[0].items():
+                load[intf] += n * v
+    return dict(load), switches
 
 
 def max_flow(links, sources, sinks) -> int:

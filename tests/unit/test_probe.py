@@ -38,10 +38,7 @@ def test_the_all_pairs_check_waits_for_a_round_of_probes_to_cross_the_busiest_po
 
     def timing(*sets):
         p = planning.build(scenario.load("rail-32", list(sets)), "user")
-        table = p.route_table()
-        paths = {(a.name, b.name): p.ecmp_paths(a.name, b.name, table=table)
-                 for a in p.hosts for b in p.hosts if a is not b}
-        return reachability.probe_timing(p, paths)
+        return reachability.probe_timing(p, p.ecmp_shares()[0])
 
     assert timing() == (0.2, 10.0)  # 32 GPUs at 100000: a round takes 8 ms, the defaults hold
     resend_s, timeout_s = timing("fabric.servers=16", "fabric.spines=8", "fabric.uplinks.count=8", "dilation=500000")
@@ -49,3 +46,32 @@ def test_the_all_pairs_check_waits_for_a_round_of_probes_to_cross_the_busiest_po
     assert timeout_s == 10.0
     resend_s, timeout_s = timing("fabric.servers=16", "fabric.spines=8", "fabric.uplinks.count=8", "dilation=2e6")
     assert resend_s == pytest.approx(3 * 448 * 64 * 8 / 200e3) and timeout_s == pytest.approx(8 * resend_s)
+
+
+
+@pytest.mark.parametrize("ref, sets", [("leaf-spine", ()), ("rail-32", ()), ("default", ()),
+                                       ("leaf-spine", ("fabric.leaves=3", "fabric.spines=3", "fabric.uplinks.count=3"))])
+def test_ecmp_shares_match_every_enumerated_path(ref, sets):
+    """The per-port shares without enumerating paths equal the enumeration's (each of a
+    pair's equal-cost paths an equal share: these fabrics split evenly at every hop), and
+    the switches crossed per pair are a shortest path's."""
+    from collections import defaultdict
+
+    from testbed.config import scenario
+    from testbed.model import plan as planning
+
+    p = planning.build(scenario.load(ref, list(sets)), "user")
+    table = p.route_table()
+    expected, hops = defaultdict(float), {}
+    for a in p.hosts:
+        for b in p.hosts:
+            if a is not b:
+                ps = p.ecmp_paths(a.name, b.name, table=table)
+                hops[(a.name, b.name)] = len(ps[0]) - 2
+                for path in ps:
+                    for _node, intf in path[1:-1]:
+                        expected[intf] += 1 / len(ps)
+    load, switches = p.ecmp_shares(table)
+    assert switches == hops
+    assert load.keys() == expected.keys()
+    assert all(load[k] == pytest.approx(expected[k]) for k in load)
