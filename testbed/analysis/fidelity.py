@@ -130,7 +130,8 @@ def timer_lateness(r) -> dict | None:
 def judged_polls(r):
     """The polls the host, OVS and telemetry checks judge: each whose interval overlaps the
     training (first op ready to last op end, CLOCK_MONOTONIC like the polls) when the run
-    trained; every poll otherwise."""
+    trained; every poll otherwise, and also when no poll overlaps the training (a training
+    shorter than one poll interval: judging nothing would pass a run unjudged)."""
     p, ops = r.polls, r.ops
     if p.empty or ops.empty or "t_ns" not in p:
         return p
