@@ -87,6 +87,21 @@ def qdisc_support() -> dict[str, bool]:
     return out
 
 
+TUNNELS = {"gretap": ["type", "gretap", "local", "192.0.2.1", "remote", "192.0.2.2"],
+           "vxlan": ["type", "vxlan", "id", "1", "local", "192.0.2.1", "remote", "192.0.2.2", "dstport", "4789"]}
+
+
+def tunnel_support() -> dict[str, bool]:
+    """Which kernel tunnel devices (with the two TX queues a switch port has) can be made:
+    a cross-server link is one, a switch port on each side (docs/cluster.md)."""
+    out = {}
+    with scratch_namespace() as ns:
+        for kind, args in TUNNELS.items():
+            out[kind] = _run(["ip", "-n", ns, "link", "add", f"t{kind}", "numtxqueues", "2", "numrxqueues", "2",
+                              *args]).returncode == 0
+    return out
+
+
 def tool_version(argv) -> str | None:
     """First line a tool prints about its version; None if it is not installed."""
     if not shutil.which(argv[0]):
@@ -136,6 +151,10 @@ def checks() -> list[Check]:
                            "a kernel with sch_netem (the lab VM has it)", required=False))
         items.append(Check("qdisc red", q["red"], "available (not used: marking is done in BPF)"
                            if q["red"] else "missing (not needed: marking is done in BPF)", fix="", required=False))
+        t = tunnel_support()
+        items.append(Check("tunnels", any(t.values()), ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in t.items())
+                           + " (cross-server links, docs/cluster.md)", "a kernel with ip_gre or vxlan",
+                           required=False))
     else:
         items.append(Check("qdiscs", None, "not tested (needs root)", "run doctor as root"))
     from testbed.apply.marker import OBJECT

@@ -34,6 +34,27 @@ CLOCK_SAMPLES = 16
 MTU_FRAME_BYTES = 4214  # RoCEv2 4096-byte payload on the wire (model.queues.LINK_MTU frame)
 FASTEST_LINK_BPS = 400e9
 OFFSET_SHARE_OF_MTU = 0.1
+TUNNEL_OVERHEAD_BYTES = 50  # VXLAN: outer Ethernet 14 + IP 20 + UDP 8 + VXLAN 8 (gretap needs 38)
+
+
+def underlay_mtu_needed() -> int:
+    """The MTU the network between servers needs: a fabric link's frames plus a tunnel."""
+    from testbed.model.queues import LINK_MTU_BYTES
+
+    return LINK_MTU_BYTES + TUNNEL_OVERHEAD_BYTES
+
+
+def interface_of(address: str | None) -> dict | None:
+    """{"intf", "mtu"} of the interface holding ``address`` here, None if none does."""
+    if not address:
+        return None
+    from testbed.apply import capabilities
+
+    done = capabilities._run(["ip", "-j", "addr", "show"])
+    for link in json.loads(done.stdout or "[]"):
+        if any(a.get("local") == address for a in link.get("addr_info", ())):
+            return {"intf": link["ifname"], "mtu": link["mtu"]}
+    return None
 
 
 def source_digest() -> str:
@@ -171,6 +192,11 @@ def check_server(server: str, local_digest: str) -> list[Check]:
                      "bash scripts/install.sh on the server"))
     out.append(Check(f"{name} OVS datapath", True, "kernel (openvswitch.ko)" if report["kernel_datapath"]
                      else "userspace (netdev): no openvswitch.ko", required=False))
+    tunnels = report["tunnels"]
+    out.append(Check(f"{name} tunnels", any(tunnels.values()),
+                     ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in tunnels.items()),
+                     "a kernel with ip_gre or vxlan"))
+    out.append(_underlay_check(name, report))
     if len(samples) < CLOCK_SAMPLES:
         out.append(Check(f"{name} clock", False, f"{len(samples)} of {CLOCK_SAMPLES} clock reads answered",
                          "a stable ssh connection"))
@@ -181,6 +207,21 @@ def check_server(server: str, local_digest: str) -> list[Check]:
                      f"{len(samples)} reads); a run needs dilation >= {clock_error_dilation(error_ns):.0f} for that "
                      f"error to stay within {OFFSET_SHARE_OF_MTU:g} MTU at {FASTEST_LINK_BPS / 1e9:g}G"))
     return out
+
+
+def _underlay_check(name: str, report: dict) -> Check:
+    """Both ends of the path ssh took (the network the tunnels would take) carry a fabric
+    link's frame plus the tunnel's headers."""
+    need = underlay_mtu_needed()
+    ends = [("there", report["underlay"]), ("here", interface_of(report["client_address"]))]
+    known = [(side, end) for side, end in ends if end is not None]
+    if len(known) < 2:
+        return Check(f"{name} underlay MTU", None, "could not tell which interfaces ssh used", required=False)
+    text = ", ".join(f"{end['intf']} ({side}) {end['mtu']}" for side, end in known)
+    short = [(side, end["intf"]) for side, end in known if end["mtu"] < need]
+    fix = "; ".join(f"ip link set dev {intf} mtu 9000 ({side})" for side, intf in short)
+    return Check(f"{name} underlay MTU", not short, f"{text}; tunnels need {need} (link MTU + "
+                 f"{TUNNEL_OVERHEAD_BYTES})", fix + " and every hop between the servers" if short else "")
 
 
 def checks(servers) -> list[Check]:
@@ -202,7 +243,11 @@ def probe_main() -> int:
               "ovs_ok": failed is None,
               "ovs": (daemon.stdout.splitlines()[0] if failed is None else
                       f"{' '.join(failed.args[:3])}: {(failed.stderr.strip() or 'failed').splitlines()[-1]}"),
-              "kernel_datapath": capabilities.ovs_kernel_datapath()}
+              "kernel_datapath": capabilities.ovs_kernel_datapath(), "tunnels": capabilities.tunnel_support()}
+    # SSH_CONNECTION: "client address, client port, server address, server port"
+    conn = os.environ.get("SSH_CONNECTION", "").split()
+    report["client_address"] = conn[0] if len(conn) == 4 else None
+    report["underlay"] = interface_of(conn[2]) if len(conn) == 4 else None
     out = sys.stdout.buffer
     out.write(json.dumps(report).encode() + b"\n")
     out.flush()

@@ -32,9 +32,18 @@ def test_doctor_checks_a_second_server_over_ssh(clean_slate, tmp_path):
         assert remote(s2, "ovs-vsctl", "list-br").split() == ["tbclprobe"]
         assert "tbclprobe" not in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True,
                                                  timeout=30, check=True).stdout
+        # a veth's default MTU cannot carry a fabric link's frames in a tunnel: named, with the fix
+        done = doctor(s2, s2.address)
+        assert done.returncode == 1
+        assert re.search(r"underlay MTU\s+MISSING\s+eth0 \(there\) 1500, tbcl2 \(here\) 1500; tunnels need 4250 "
+                         r".*-> ip link set dev eth0 mtu 9000 \(there\); ip link set dev tbcl2 mtu 9000 \(here\)",
+                         done.stdout), done.stdout
+        subprocess.run(["ip", "link", "set", "dev", s2.root_intf, "mtu", "9000"], check=True, timeout=30)
+        remote(s2, "ip", "link", "set", "dev", "eth0", "mtu", "9000")
         done = doctor(s2, s2.address)
         assert done.returncode == 0, done.stdout + done.stderr
         out = done.stdout
+        assert re.search(r"tunnels\s+ok\s+gretap (yes|no), vxlan (yes|no)", out), out
         assert f"ssh root@{s2.address}, host {s2.hostname}" in out
         digest = re.search(r"same version\s+ok\s+source (\w+) \(here (\w+)\)", out)
         assert digest and digest[1] == digest[2], out
