@@ -10,24 +10,14 @@ A benchmark, not a test (no root needed).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from plan import timed  # noqa: E402  (bench/plan.py: median of N)
 from testbed.config import scenario  # noqa: E402
 from testbed.model import plan as planning  # noqa: E402
-
-
-def timed(fn, repeat: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def enumerated(p, table):
