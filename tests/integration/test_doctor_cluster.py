@@ -25,6 +25,7 @@ def remote(server: LocalServer, *argv) -> str:
                           text=True, timeout=30, check=True).stdout
 
 
+@pytest.mark.datapath_independent  # ssh and a probe: the lab-VM check leaves it to the host
 def test_doctor_checks_a_second_server_over_ssh(clean_slate, tmp_path):
     with LocalServer(tmp_path, 2) as s2:
         # the server is its own machine as far as the run can tell: its own OVS instance
