@@ -31,7 +31,6 @@ from testbed.apply.capabilities import Check
 SSH_CONNECT_TIMEOUT_S = 5
 PROBE_TIMEOUT_S = 30
 CLOCK_SAMPLES = 16
-MTU_FRAME_BYTES = 4214  # RoCEv2 4096-byte payload on the wire (model.queues.LINK_MTU frame)
 FASTEST_LINK_BPS = 400e9
 OFFSET_SHARE_OF_MTU = 0.1
 TUNNEL_OVERHEAD_BYTES = 50  # VXLAN: outer Ethernet 14 + IP 20 + UDP 8 + VXLAN 8 (gretap needs 38)
@@ -84,7 +83,9 @@ def probe_command() -> str:
 def clock_error_dilation(error_ns: float) -> float:
     """The smallest dilation at which a start-time error of ``error_ns`` (real) stays within a
     tenth of one MTU's serialisation on the fastest link (emulated)."""
-    budget_ns = OFFSET_SHARE_OF_MTU * MTU_FRAME_BYTES * 8 / FASTEST_LINK_BPS * 1e9
+    from testbed.model.queues import MTU_BYTES  # a link's largest frame on the wire
+
+    budget_ns = OFFSET_SHARE_OF_MTU * MTU_BYTES * 8 / FASTEST_LINK_BPS * 1e9
     return error_ns / budget_ns
 
 
