@@ -120,15 +120,21 @@ def lookup(routes, addr: str) -> tuple:
     return best[1] if best else ()
 
 
+def neighbours(fabric_links) -> dict:
+    """(node, port) -> the node at the other end of that port's link."""
+    by_port = {}
+    for link in fabric_links:
+        by_port[(link.a, link.a_port)] = link.b
+        by_port[(link.b, link.b_port)] = link.a
+    return by_port
+
+
 def paths(table: Table, fabric_links, src, dst, max_hops: int, limit: int = 64) -> list:
     """All shortest fabric paths from GPU ``src`` to GPU ``dst`` (plan Hosts) following the
     routes, each a list of (node, out_interface) hops ending with (dst, None)."""
     if src.name == dst.name:
         return []
-    by_port = {}
-    for link in fabric_links:
-        by_port[(link.a, link.a_port)] = link.b
-        by_port[(link.b, link.b_port)] = link.a
+    by_port = neighbours(fabric_links)
     found = []
 
     def walk(node, hops):
@@ -152,10 +158,7 @@ def ecmp_shares(table: Table, fabric_links, hosts) -> tuple[dict, dict]:
     egress interface, switches crossed per pair). Per destination, each node's share of a
     packet on every port below it is computed once and shared by all sources behind it: no
     path is enumerated (all pairs' paths at 128 GPUs took ~1.6 s)."""
-    by_port = {}
-    for link in fabric_links:
-        by_port[(link.a, link.a_port)] = link.b
-        by_port[(link.b, link.b_port)] = link.a
+    by_port = neighbours(fabric_links)
     load: dict = defaultdict(float)
     switches: dict = {}
     for dst in hosts:
