@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from contextlib import ExitStack
 from pathlib import Path
+
+from testbed.apply.process import wait_for
+from testbed.errors import RunError
 
 CMD_TIMEOUT_S = 20
 READY_TIMEOUT_S = 20
@@ -22,11 +24,7 @@ def _run(argv):
 
 
 def _wait(what: str, ready, timeout_s: float = READY_TIMEOUT_S):
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout_s} s for {what}")
-        time.sleep(0.05)
+    wait_for(ready, timeout_s, what)
 
 
 def _children(pid: int) -> str:
@@ -41,7 +39,7 @@ def _end(proc: subprocess.Popen):
     processes, finishing a session that just ended) exit, else they outlive it as orphans."""
     try:
         _wait(f"process {proc.pid}'s children to exit", lambda: not _children(proc.pid), 5)
-    except TimeoutError:
+    except RunError:
         pass  # ending it anyway: the leftovers are named by the caller's clean-slate check
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
