@@ -39,8 +39,33 @@ class Placement:
     def gpus_on(self, machine: str) -> int:
         return sum(len(p.gpus) for p, m in zip(self.pods, self.pod_machine) if m == machine)
 
-    def nodes_on(self, machine: str) -> list[str]:
-        return sorted(n for n, m in self.node_machine.items() if m == machine)
+
+@dataclass(frozen=True)
+class TunnelEnd:
+    """One end of a crossing link: the planned switch port, made a tunnel device to the
+    machine holding the other end. Both ends carry the link's number as the tunnel key
+    (VXLAN VNI or GRE key), so each machine makes its end from the plan alone."""
+    intf: str  # the planned interface name (queues, counters and the registry use it)
+    switch: str
+    port: int
+    key: int  # 1 + the link's index in plan.links
+    peer: str  # the machine at the other end
+    peer_intf: str
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one machine runs of a run: its nodes, the links with both ends on it, its
+    tunnel ends, the egress queues of its switch ports, and which of those send pause
+    frames through a tunnel (a feeder across machines)."""
+    machine: str
+    switches: tuple
+    hosts: tuple
+    bridges: tuple
+    links: tuple  # plan Links, both ends here
+    tunnels: tuple  # TunnelEnd
+    queues: tuple  # plan PortQueues of the switches here
+    paused_across: tuple  # (queue intf, feeder tunnel intf): its PFC pauses a neighbour on another machine
 
 
 def pods(plan: Plan) -> list[Pod]:
@@ -109,3 +134,28 @@ def place(plan: Plan, machines: tuple) -> Placement:
     return Placement(machines=tuple(machines), pods=tuple(found),
                      pod_machine=tuple(pod_machine[i] for i in range(len(found))),
                      node_machine=node_machine, cross_links=cross)
+
+
+def shares(plan: Plan, placement: Placement) -> list[Share]:
+    """Each machine's share, in the placement's machine order; every node, link and queue
+    of the plan is in exactly one share, a crossing link in two (one tunnel end each)."""
+    at = placement.node_machine
+    ends: dict[str, list] = {m: [] for m in placement.machines}
+    for i, link in enumerate(plan.links):
+        if at[link.a] != at[link.b]:
+            for (node, port, intf), (other, other_intf) in (((link.a, link.a_port, link.a_intf), (link.b, link.b_intf)),
+                                                            ((link.b, link.b_port, link.b_intf), (link.a, link.a_intf))):
+                ends[at[node]].append(TunnelEnd(intf=intf, switch=node, port=port, key=i + 1, peer=at[other],
+                                                peer_intf=other_intf))
+    out = []
+    for m in placement.machines:
+        tunnel_intfs = {t.intf for t in ends[m]}
+        queues = tuple(q for q in plan.queues if at[q.switch] == m)
+        out.append(Share(
+            machine=m, switches=tuple(s.name for s in plan.switches if at[s.name] == m),
+            hosts=tuple(h.name for h in plan.hosts if at[h.name] == m),
+            bridges=tuple(s.nvlink_bridge for s in plan.servers if s.nvlink_bridge and at[s.nvlink_bridge] == m),
+            links=tuple(lk for lk in plan.links if at[lk.a] == at[lk.b] == m), tunnels=tuple(ends[m]),
+            queues=queues,
+            paused_across=tuple((q.intf, f) for q in queues for f in q.feeders if f in tunnel_intfs)))
+    return out

@@ -87,3 +87,55 @@ def test_ssh_uses_keys_only_and_the_cluster_ssh_config(monkeypatch):
     argv = remote.ssh_argv("10.0.0.2", remote.probe_command())
     assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={remote.SSH_CONNECT_TIMEOUT_S}"]
     assert argv[-3:-1] == ["/etc/cluster_ssh", "10.0.0.2"] and argv[-1].endswith("-m testbed.apply.cluster probe")
+
+
+def test_shares_split_the_plan_exactly_and_both_ends_of_a_crossing_link_agree():
+    p = build("leaf-spine")
+    placed = cluster.place(p, ("a", "b"))
+    a, b = cluster.shares(p, placed)
+    assert (a.machine, b.machine) == ("a", "b")
+    # every node, queue and link once (a crossing link as one tunnel end on each side)
+    assert sorted(a.switches + b.switches) == sorted(s.name for s in p.switches)
+    assert sorted(a.hosts + b.hosts) == sorted(h.name for h in p.hosts)
+    assert sorted(q.intf for q in a.queues + b.queues) == sorted(q.intf for q in p.queues)
+    assert len(a.links) + len(b.links) + len(placed.cross_links) == len(p.links)
+    assert len(a.tunnels) == len(b.tunnels) == len(placed.cross_links) == 4
+    by_key = {}
+    for end in a.tunnels + b.tunnels:
+        by_key.setdefault(end.key, []).append(end)
+    for key, (x, y) in by_key.items():
+        link = p.links[key - 1]
+        assert {x.intf, y.intf} == {link.a_intf, link.b_intf}
+        assert (x.peer_intf, y.peer_intf) == (y.intf, x.intf) and {x.peer, y.peer} == {"a", "b"}
+        assert x.intf == f"{x.switch}-eth{x.port}"
+    # a spine's queue toward a leaf on its own machine is fed by the other leaf's uplinks:
+    # with PFC on, its pauses go out of tunnel ends
+    tunnel_intfs = {t.intf for t in a.tunnels}
+    assert a.paused_across and all(f in tunnel_intfs for _q, f in a.paused_across)
+
+
+def test_one_machine_has_no_tunnels():
+    p = build("default")
+    (only,) = cluster.shares(p, cluster.place(p, ("a",)))
+    assert only.tunnels == () and only.paused_across == () and len(only.links) == len(p.links)
+
+
+@pytest.mark.parametrize("name, ref, sets, machines", [
+    ("leaf-spine-2", "leaf-spine", (), ("a", "b")),
+    ("leaf-spine-5-leaves-3", "leaf-spine", ("fabric.leaves=5", "fabric.spines=3", "fabric.uplinks.count=3"),
+     ("a", "b", "c"))])
+def test_cluster_view_golden(name, ref, sets, machines):
+    """The placement as `show --cluster` prints it: any change to where things run or what
+    crosses shows up as a diff (TESTBED_REGEN_GOLDEN=1 rewrites and fails, as the plan goldens)."""
+    import os
+
+    from conftest import GOLDEN
+    from testbed.views import cluster as view
+
+    p = build(ref, *sets)
+    got = view.render(p, cluster.place(p, machines)) + "\n"
+    path = GOLDEN / "cluster" / f"{name}.txt"
+    if os.environ.get("TESTBED_REGEN_GOLDEN"):
+        path.write_text(got)
+        pytest.fail(f"regenerated {path.name}: review it with git diff, then rerun without TESTBED_REGEN_GOLDEN")
+    assert got == path.read_text()
