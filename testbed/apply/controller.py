@@ -14,15 +14,33 @@ from testbed.errors import RunError
 STOP_GRACE_S = 5.0
 
 
+def check_listen_address(address: str) -> str:
+    """The controller listens on one explicit IPv4 address: a wildcard (0.0.0.0) would take
+    OpenFlow connections from every network the machine is on."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.IPv4Address(address)
+    except ValueError:
+        raise RunError(f"controller address {address}: expected one IPv4 address of this machine "
+                       f"(e.g. 127.0.0.1, or the cluster network's address)") from None
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise RunError(f"controller address {address}: expected one address of this machine, not a wildcard "
+                       f"or broadcast (the listener would accept switches from any network)")
+    return str(ip)
+
+
 class Controller:
     def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, telemetry: bool = False,
-                 pins: Path | None = None):
-        self.run_dir, self.port = run_dir, port
+                 pins: Path | None = None, address: str = "127.0.0.1"):
+        """``address``: where the OpenFlow listener binds; loopback unless switches on other
+        servers must reach it (a cluster), and then one explicit address, never a wildcard."""
+        self.run_dir, self.port, self.address = run_dir, port, check_listen_address(address)
         self.events_path = run_dir / "controller-events.jsonl"
         self.log_path = run_dir / "controller.log"
         self.on_start = on_start
         argv = [sys.executable, "-m", "testbed.controller", "--plan", str(plan_path),
-                "--events", str(self.events_path), "--port", str(port)]
+                "--events", str(self.events_path), "--port", str(port), "--address", address]
         if telemetry:  # what is collected, and how often, is in the plan (controller/telemetry.py)
             argv += ["--telemetry", str(run_dir)]
             if pins:
@@ -57,9 +75,9 @@ class Controller:
     def wait_listening(self, timeout_s: float):
         def ready():
             self.check_alive()
-            return listening(self.port)
+            return listening(self.port, self.address)
 
-        wait_for(ready, timeout_s, f"the controller to listen on 127.0.0.1:{self.port}")
+        wait_for(ready, timeout_s, f"the controller to listen on {self.address}:{self.port}")
 
     def wait_poll_after(self, t_ns: int, timeout_s: float):
         """Wait until the collector has polled every counter once after ``t_ns`` (monotonic):

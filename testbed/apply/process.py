@@ -145,7 +145,7 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
-def listening(port: int) -> bool:
+def listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0

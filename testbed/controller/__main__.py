@@ -1,7 +1,8 @@
 """Controller process: ``python -m testbed.controller --plan P --events E --port N``.
 
 os-ken >= 4 ships no manager command, so this is the launcher: eventlet patching
-first, then os-ken's configuration (OpenFlow listener on 127.0.0.1 only) and the
+first, then os-ken's configuration (OpenFlow listener on one explicit address, 127.0.0.1
+unless a cluster's switches must reach it: never a wildcard) and the
 AppManager running ``testbed.controller.app`` with os-ken's OpenFlow handler.
 """
 
@@ -21,13 +22,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m testbed.controller")
     parser.add_argument("--plan", required=True, help="plan JSON (Plan.to_dict())")
     parser.add_argument("--events", required=True, help="JSON-lines file to append events to")
-    parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port on 127.0.0.1")
+    parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
+    parser.add_argument("--address", default="127.0.0.1",
+                        help="the one address to listen on (checked by apply.controller.check_listen_address)")
     parser.add_argument("--telemetry", default=None, help="folder for the telemetry JSON lines (off if unset)")
     parser.add_argument("--pins", default=None, help="the run's bpffs folder (marker maps: queue counters)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s controller %(name)s %(levelname)s %(message)s")
-    cfg.CONF(args=["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(args.port)],
+    from testbed.apply.controller import check_listen_address
+
+    cfg.CONF(args=["--ofp-listen-host", check_listen_address(args.address), "--ofp-tcp-listen-port", str(args.port)],
              project="os_ken")
     from testbed.controller import app
 
