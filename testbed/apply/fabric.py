@@ -3,9 +3,10 @@
 The only module that imports Mininet. ``MininetFabric`` is a context manager: on
 entry it records every bridge and interface it is about to create in the run
 registry, builds hosts, OVS switches (OpenFlow 1.3, fail-mode secure, controller
-on 127.0.0.1), NVLink bridges and links exactly as the plan says (names, port
-numbers, MACs, addresses), tags what it made with the run id, and configures the
-GPU hosts (static neighbours, no IPv6 chatter, TX checksum offload off on the
+on 127.0.0.1 or a cluster's explicit address), NVLink bridges and links exactly as the
+plan says (names, port numbers, MACs, addresses), or one cluster share of them with its
+crossing links as tunnels (apply.tunnel), tags what it made with the run id, and
+configures the GPU hosts (static neighbours, no IPv6 chatter, TX checksum offload off on the
 userspace datapath). On exit, normal or not, it stops the network.
 """
 
@@ -135,28 +136,41 @@ def _set_mtu(work_dir: Path, interfaces):
         raise RunError(f"setting MTU {queues.LINK_MTU_BYTES} on the switch ports failed: {done.stderr.strip()}")
 
 
-def build_topo(plan: Plan, datapath: str) -> Topo:
-    """The plan as a Mininet Topo (pure data: no root needed to build or inspect it)."""
+def _part(plan: Plan, share=None):
+    """(switches, servers with a bridge here, hosts, links) of the plan this machine builds:
+    all of it, or one cluster share (model.cluster.Share) of it."""
+    if share is None:
+        return plan.switches, [s for s in plan.servers if s.nvlink_bridge], plan.hosts, plan.links
+    return ([s for s in plan.switches if s.name in share.switches],
+            [s for s in plan.servers if s.nvlink_bridge and s.nvlink_bridge in share.bridges],
+            [h for h in plan.hosts if h.name in share.hosts], list(share.links))
+
+
+def build_topo(plan: Plan, datapath: str, share=None) -> Topo:
+    """The plan (or one cluster share of it) as a Mininet Topo (pure data: no root needed to
+    build or inspect it). A share's crossing links are not in it: apply.tunnel adds them."""
     topo = Topo()
     ovs_dp = "user" if datapath == "user" else "kernel"
-    for s in plan.switches:
+    switches, servers, hosts, links = _part(plan, share)
+    for s in switches:
         topo.addSwitch(s.name, dpid=s.dpid_hex, datapath=ovs_dp, failMode="secure",
                       protocols="OpenFlow13,OpenFlow15")
-    for server in plan.servers:
-        if server.nvlink_bridge:
-            topo.addSwitch(server.nvlink_bridge, cls=NVLinkBridge, dpid=f"{0xff00 + server.index:016x}")
-    for h in plan.hosts:
+    for server in servers:
+        topo.addSwitch(server.nvlink_bridge, cls=NVLinkBridge, dpid=f"{0xff00 + server.index:016x}")
+    for h in hosts:
         topo.addHost(h.name, ip=h.ip, mac=h.mac)
-    for link in plan.links:
+    for link in links:
         topo.addLink(link.a, link.b, port1=link.a_port, port2=link.b_port)
     return topo
 
 
-def root_interfaces(plan: Plan) -> list[str]:
-    """Interfaces this fabric creates in the root namespace (switch and bridge ends)."""
-    names = [link.b_intf for link in plan.links]
-    names += [link.a_intf for link in plan.links if link.kind == "uplink"]
-    names += [s.nvlink_bridge for s in plan.servers if s.nvlink_bridge]
+def root_interfaces(plan: Plan, share=None) -> list[str]:
+    """Interfaces this fabric creates in the root namespace (switch and bridge ends; a
+    share's tunnel ends are apply.tunnel's)."""
+    _switches, servers, _hosts, links = _part(plan, share)
+    names = [link.b_intf for link in links]
+    names += [link.a_intf for link in links if link.kind == "uplink"]
+    names += [s.nvlink_bridge for s in servers]
     return names
 
 
@@ -164,30 +178,45 @@ class MininetFabric:
     """Context manager owning the Mininet network of one run."""
 
     def __init__(self, plan: Plan, run_id: str, datapath: str, controller_port: int,
-                 record: registry.RunRecord, work_dir: Path, link_delay: bool = False):
+                 record: registry.RunRecord, work_dir: Path, link_delay: bool = False,
+                 controller_address: str = "127.0.0.1", share=None, underlay: dict | None = None):
+        """``share`` (model.cluster.Share): build only this machine's part of a cluster run,
+        its crossing links as tunnels to the ``underlay`` address of each other server
+        ({machine: address}, this one's included); the controller is then on another
+        server or on this one's cluster address, ``controller_address``."""
         self.plan, self.run_id, self.datapath, self.link_delay = plan, run_id, datapath, link_delay
         self.controller_port, self.record, self.work_dir = controller_port, record, work_dir
+        self.controller_address, self.share, self.underlay = controller_address, share, underlay or {}
         self.net: Mininet | None = None
+        self.tunnels = None
 
     def __enter__(self):
         self._check_free()
-        bridges = [s.name for s in self.plan.switches]
-        self.record.add(bridges=bridges, interfaces=root_interfaces(self.plan))
+        switches, _servers, hosts, _links = _part(self.plan, self.share)
+        self.hosts = hosts
+        bridges = [s.name for s in switches]
+        interfaces = root_interfaces(self.plan, self.share)
+        self.record.add(bridges=bridges, interfaces=interfaces)
         setLogLevel("error")
         try:
-            self.net = Mininet(topo=build_topo(self.plan, self.datapath), switch=OVSSwitch, link=TwoQueueLink,
-                               controller=None, autoSetMacs=False, autoStaticArp=False, build=False,
-                               waitConnected=False)
-            self.net.addController(ExternalController("c0", ip="127.0.0.1", port=self.controller_port))
+            self.net = Mininet(topo=build_topo(self.plan, self.datapath, self.share), switch=OVSSwitch,
+                               link=TwoQueueLink, controller=None, autoSetMacs=False, autoStaticArp=False,
+                               build=False, waitConnected=False)
+            self.net.addController(ExternalController("c0", ip=self.controller_address, port=self.controller_port))
             self.net.build()
             self.record.add(processes=[n.pid for n in self.net.hosts + self.net.controllers])
-            _disable_ipv6(root_interfaces(self.plan))
-            _steer_receive([n for n in root_interfaces(self.plan) if "-eth" in n])
+            _disable_ipv6(interfaces)
+            _steer_receive([n for n in interfaces if "-eth" in n])
             # veth ends only: a Linux bridge (NVLink) takes the smallest MTU of its ports
-            _set_mtu(self.work_dir, [n for n in root_interfaces(self.plan) if "-eth" in n])
+            _set_mtu(self.work_dir, [n for n in interfaces if "-eth" in n])
             self.net.start()
             registry.tag_bridges(self.run_id, bridges)
-            registry.tag_interfaces(self.run_id, root_interfaces(self.plan))
+            registry.tag_interfaces(self.run_id, interfaces)
+            if self.share is not None and self.share.tunnels:
+                from testbed.apply.tunnel import TunnelPorts
+
+                self.tunnels = TunnelPorts(self.share.tunnels, self.run_id, self.record,
+                                           self.underlay[self.share.machine], self.underlay).__enter__()
             self._configure_hosts()
         except BaseException:
             self.__exit__(None, None, None)
@@ -195,6 +224,9 @@ class MininetFabric:
         return self
 
     def __exit__(self, *exc):
+        if self.tunnels is not None:
+            tunnels, self.tunnels = self.tunnels, None
+            tunnels.__exit__(None, None, None)
         if self.net is not None:
             net, self.net = self.net, None
             pids = [n.pid for n in net.hosts + net.controllers if n.pid]
@@ -210,8 +242,10 @@ class MininetFabric:
                            f"scripts/install.sh, or /usr/share/openvswitch/scripts/ovs-ctl start")
         existing = set(listed.stdout.split())
         links = set(_ip(["-o", "link", "show"]).stdout.split())
-        clash = sorted(n for n in [s.name for s in self.plan.switches] if n in existing)
-        clash += sorted(n for n in root_interfaces(self.plan) if f"{n}:" in links or any(
+        switches = _part(self.plan, self.share)[0]
+        ours = root_interfaces(self.plan, self.share) + [t.intf for t in (self.share.tunnels if self.share else ())]
+        clash = sorted(n for n in [s.name for s in switches] if n in existing)
+        clash += sorted(n for n in ours if f"{n}:" in links or any(
             tok.startswith(f"{n}@") for tok in links))
         if clash:
             raise RunError(f"names this run needs already exist: {', '.join(clash[:6])}"
@@ -221,7 +255,7 @@ class MininetFabric:
     def _configure_hosts(self):
         """Static neighbours for every other GPU, IPv6 off, NVLink address, checksum offload off."""
         procs = []
-        for h in self.plan.hosts:
+        for h in self.hosts:
             node = self.net.get(h.name)
             batch = self.work_dir / f"{h.name}.ipbatch"
             lines = [f"link set dev {intf.name} mtu {queues.LINK_MTU_BYTES}" for intf in node.intfList()
