@@ -112,12 +112,19 @@ def best_offset(samples: list[ClockSample]) -> tuple[float, float]:
     return best.offset_ns, best.round_trip_ns / 2
 
 
-class _Session:
-    """One ssh session running the probe: its report, then clock reads on demand."""
+def share_command() -> str:
+    """The remote command line of a server's share of a run (run/share.py)."""
+    return (f"cd {shlex.quote(str(paths.ROOT))} && exec {shlex.quote(sys.executable)} "
+            f"-m testbed.run.share")
 
-    def __init__(self, server: str):
+
+class _Session:
+    """One ssh session running the probe (its report, then clock reads on demand) or a
+    share (its answers, one JSON line each)."""
+
+    def __init__(self, server: str, command: str | None = None):
         self.server = server
-        self.proc = subprocess.Popen(ssh_argv(server, probe_command()), stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(ssh_argv(server, command or probe_command()), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -143,14 +150,14 @@ class _Session:
         after = time.monotonic_ns()
         return ClockSample(before, int(answer.split()[0]), after) if answer else None
 
-    def close(self) -> str:
+    def close(self, timeout_s: float = SSH_CONNECT_TIMEOUT_S) -> str:
         """Ends the session; returns what ssh or the probe said on stderr."""
         try:
             self.proc.stdin.close()
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=SSH_CONNECT_TIMEOUT_S)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -159,6 +166,63 @@ class _Session:
         self.proc.stdout.close()
         self.proc.stderr.close()
         return err
+
+
+SHARE_UP_TIMEOUT_S = 120  # a hang deadline, as the run's FABRIC_READY_TIMEOUT_S
+SHARE_DOWN_TIMEOUT_S = 60
+
+
+class RemoteShare:
+    """``with RemoteShare(server, request):`` one server's share of a run, brought up over
+    one ssh session by run/share.py (``request``: the JSON it reads, see there), held while
+    the block runs, torn down when the session's stdin closes. ``ready`` is its answer
+    (switches, GPUs, tunnel ends); a share that fails raises RunError with its reason."""
+
+    def __init__(self, server: str, request: dict):
+        self.server, self.request = server, request
+        self.session: _Session | None = None
+        self.ready: dict = {}
+
+    def __enter__(self):
+        from testbed.errors import RunError
+
+        self.session = _Session(self.server, share_command())
+        try:
+            self.session.proc.stdin.write(json.dumps(self.request).encode() + b"\n")
+            self.session.proc.stdin.flush()
+            line = self.session.line(time.monotonic() + SHARE_UP_TIMEOUT_S)
+            answer = json.loads(line) if line else {}
+            if answer.get("event") != "ready":
+                err = self._end()
+                reason = answer.get("error") or (err.splitlines()[-1] if err else "no answer")
+                raise RunError(f"{self.server}: its share of the run did not come up: {reason}")
+        except BaseException:
+            self._end()
+            raise
+        self.ready = answer
+        return self
+
+    def _end(self) -> str:
+        session, self.session = self.session, None
+        return session.close(SHARE_DOWN_TIMEOUT_S) if session else ""
+
+    def __exit__(self, *exc):
+        session = self.session
+        if session is None:
+            return False
+        try:
+            session.proc.stdin.close()  # the share tears down and answers "down"
+        except OSError:
+            pass
+        line = session.line(time.monotonic() + SHARE_DOWN_TIMEOUT_S)
+        err = self._end()
+        answer = json.loads(line) if line else {}
+        if answer.get("event") != "down" and exc[0] is None:
+            from testbed.errors import RunError
+
+            raise RunError(f"{self.server}: its share did not confirm its teardown: "
+                           f"{answer.get('error') or err or 'no answer'} (testbed clean on that server)")
+        return False
 
 
 def check_server(server: str, local_digest: str) -> list[Check]:

@@ -1,5 +1,7 @@
 """Placement of a fabric on several machines (model.cluster): pure, no root."""
 
+import re
+
 import pytest
 
 from testbed import cli
@@ -139,3 +141,57 @@ def test_cluster_view_golden(name, ref, sets, machines):
         path.write_text(got)
         pytest.fail(f"regenerated {path.name}: review it with git diff, then rerun without TESTBED_REGEN_GOLDEN")
     assert got == path.read_text()
+
+
+@pytest.mark.parametrize("address, ok", [("127.0.0.1", True), ("10.250.2.1", True), ("0.0.0.0", False),
+                                         ("255.255.255.255", False), ("224.0.0.1", False), ("leaf1", False),
+                                         ("::1", False)])
+def test_the_controller_listens_on_one_explicit_address(address, ok):
+    from testbed.apply.controller import check_listen_address
+    from testbed.errors import RunError
+
+    if ok:
+        assert check_listen_address(address) == address
+    else:
+        with pytest.raises(RunError, match=f"controller address {re.escape(address)}"):
+            check_listen_address(address)
+
+
+def test_a_tunnel_end_is_a_vxlan_device_named_and_keyed_by_the_plan():
+    from testbed.apply import tunnel
+    from testbed.model.queues import LINK_MTU_BYTES
+
+    p = build("leaf-spine")
+    a, _b = cluster.shares(p, cluster.place(p, ("a", "b")))
+    end = a.tunnels[0]
+    argv = tunnel.vxlan_argv(end, "192.168.56.11", "192.168.56.12")
+    assert argv[:5] == ["ip", "link", "add", "name", end.intf]
+    opts = dict(zip(argv[5::2], argv[6::2]))
+    assert opts["type"] == "vxlan" and opts["id"] == str(end.key) and opts["mtu"] == str(LINK_MTU_BYTES)
+    assert (opts["local"], opts["remote"], opts["dstport"]) == ("192.168.56.11", "192.168.56.12", "4789")
+    assert opts["numtxqueues"] == "2" and argv[-1] == "nolearning"
+
+
+def test_tunnels_need_every_peer_address():
+    from testbed.apply import tunnel
+    from testbed.errors import RunError
+
+    p = build("leaf-spine")
+    a, _b = cluster.shares(p, cluster.place(p, ("a", "b")))
+    with pytest.raises(RunError, match="no underlay address for b"):
+        tunnel.TunnelPorts(a.tunnels, "r", None, "10.0.0.1", {"a": "10.0.0.1"})
+
+
+def test_fabric_builds_only_its_share():
+    from testbed.apply import fabric
+
+    p = build("leaf-spine")
+    a, b = cluster.shares(p, cluster.place(p, ("a", "b")))
+    topo = fabric.build_topo(p, "user", a)
+    assert sorted(topo.switches()) == sorted(a.switches) and sorted(topo.hosts()) == sorted(a.hosts)
+    assert len(topo.links()) == len(a.links)
+    ours = set(fabric.root_interfaces(p, a))
+    assert ours.isdisjoint(fabric.root_interfaces(p, b))
+    assert ours.isdisjoint(t.intf for t in a.tunnels)  # tunnel ends are apply.tunnel's
+    assert set(fabric.root_interfaces(p)) == ours | set(fabric.root_interfaces(p, b)) | {
+        t.intf for t in a.tunnels + b.tunnels}

@@ -1,0 +1,103 @@
+"""One server's share of a cluster run: ``python -m testbed.run.share`` (started over ssh by
+``apply.cluster.RemoteShare``; docs/cluster.md).
+
+It reads one JSON line on stdin: the run id, the resolved scenario, how the coordinator
+built the plan (datapath, link delay, telemetry interval) and the digest of that plan, the
+servers in placement order with their underlay addresses, which one this is, and the
+controller's address and port. It builds the same plan from the same scenario (refusing
+if the digest differs: the servers run different versions), places it as the coordinator
+did, and brings up its share: its switches, GPUs, NVLink bridges and local links with
+``apply.fabric.MininetFabric``, its crossing links as VXLAN tunnels to the other servers
+(``apply.tunnel``), registered in this server's run registry so ``clean`` works here too.
+
+It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "error",
+...}``), holds the share up until its stdin closes (the coordinator is done, or its ssh
+session died: a dead coordinator leaves nothing up), tears it down in reverse order and
+answers ``{"event": "down"}``. SIGTERM and SIGHUP unwind the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+from testbed.errors import TestbedError
+
+
+def plan_digest(plan_dict: dict) -> str:
+    """What both ends compare: the plan as the controller gets it."""
+    return hashlib.sha256(json.dumps(plan_dict, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _say(event: str, **fields):
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+class _Stop(BaseException):
+    """SIGTERM or SIGHUP: unwind like Ctrl-C so every context manager tears down."""
+
+
+def _stop(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    raise _Stop()
+
+
+def bring_up(stack: ExitStack, request: dict, work: Path):
+    """The share of ``request`` on this machine, entered on ``stack``; returns the Share."""
+    import yaml
+
+    from testbed.apply import registry
+    from testbed.apply.fabric import MininetFabric
+    from testbed.config import scenario as scenarios
+    from testbed.model import cluster
+    from testbed.model import plan as planning
+
+    source = work / "scenario.yaml"
+    source.write_text(yaml.safe_dump(request["scenario"], sort_keys=False))
+    plan = planning.build(scenarios.load(str(source)), request["datapath"], link_delay=request["link_delay"],
+                          telemetry_interval_real_ns=request["telemetry_interval_real_ns"])
+    digest = plan_digest(plan.to_dict())
+    if digest != request["plan_digest"]:
+        raise TestbedError(f"this server plans the run differently (plan {digest}, the coordinator's "
+                           f"{request['plan_digest']}): run the same version of the project on every server "
+                           f"(testbed doctor --cluster names the one that differs)")
+    machines = tuple(request["machines"])
+    (share,) = [s for s in cluster.shares(plan, cluster.place(plan, machines)) if s.machine == request["machine"]]
+    record = stack.enter_context(registry.RunRecord(request["run_id"], str(work)))
+    stack.enter_context(MininetFabric(plan, request["run_id"], request["datapath"], request["controller_port"],
+                                      record, work, link_delay=request["link_delay"],
+                                      controller_address=request["controller_address"], share=share,
+                                      underlay=request["underlay"]))
+    return share
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    try:
+        request = json.loads(sys.stdin.readline() or "null")
+        if not isinstance(request, dict):
+            _say("error", error="expected one JSON request line on stdin")
+            return 2
+        with ExitStack() as stack:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"testbed-share-{request['run_id']}-")))
+            share = bring_up(stack, request, work)
+            _say("ready", machine=share.machine, switches=list(share.switches), hosts=list(share.hosts),
+                 tunnels=[t.intf for t in share.tunnels])
+            sys.stdin.read()  # held until the coordinator closes our stdin
+        _say("down")
+        return 0
+    except (TestbedError, _Stop, KeyboardInterrupt) as exc:
+        _say("error", error=str(exc) or type(exc).__name__)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

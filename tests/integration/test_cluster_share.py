@@ -1,0 +1,91 @@
+"""One fabric on two servers: this machine builds its share of ``leaf-spine`` and a second
+server on this machine (cluster_server.LocalServer: its own network, mount and UTS
+namespaces, sshd and Open vSwitch) builds the other share over ssh (run/share.py); the
+crossing uplinks are VXLAN tunnels between them, and one controller on this machine's
+cluster address programs both servers' switches."""
+
+import json
+import subprocess
+from contextlib import ExitStack
+
+import pytest
+
+from cluster_server import LocalServer
+
+pytestmark = pytest.mark.integration
+
+PING_BYTES = 4000  # a jumbo frame with DF set: the tunnels and the underlay carry the fabric's MTU
+
+
+def tunnel_packets(intf: str) -> tuple[int, int]:
+    (link,) = json.loads(subprocess.run(["ip", "-s", "-j", "link", "show", "dev", intf], capture_output=True,
+                                        text=True, timeout=30, check=True).stdout)
+    return link["stats64"]["tx"]["packets"], link["stats64"]["rx"]["packets"]
+
+
+@pytest.mark.datapath_independent  # the second server runs OVS's userspace datapath everywhere
+def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tmp_path, monkeypatch):
+    from testbed.apply import cluster as remote, registry
+    from testbed.apply.controller import Controller
+    from testbed.apply.fabric import MininetFabric
+    from testbed.apply.process import free_tcp_port
+    from testbed.config import scenario as scenarios
+    from testbed.model import cluster
+    from testbed.model import plan as planning
+    from testbed.run.share import plan_digest
+
+    sc = scenarios.load("leaf-spine")
+    plan = planning.build(sc, "user")
+    here, there = cluster.shares(plan, cluster.place(plan, ("a", "b")))
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan.to_dict()))
+    run_id = f"cluster-{tmp_path.name[-20:]}"
+    with LocalServer(tmp_path, 2) as s2, ExitStack() as stack:
+        monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
+        for argv in (["ip", "link", "set", "dev", s2.root_intf, "mtu", "9000"],
+                     s2.inside("ip", "link", "set", "dev", "eth0", "mtu", "9000")):
+            subprocess.run(argv, check=True, timeout=30)
+        underlay = {"a": s2.root_address, "b": s2.address}
+        record = stack.enter_context(registry.RunRecord(run_id, str(tmp_path)))
+        port = free_tcp_port()
+        ctl = stack.enter_context(Controller(plan_path, tmp_path, port, address=s2.root_address,
+                                             on_start=lambda pid: record.add(processes=[pid])))
+        ctl.wait_listening(60)
+        work = tmp_path / "work"
+        work.mkdir()
+        fab = stack.enter_context(MininetFabric(plan, run_id, "user", port, record, work,
+                                                controller_address=s2.root_address, share=here, underlay=underlay))
+        request = {"run_id": run_id, "scenario": sc.resolved, "datapath": "user", "link_delay": False,
+                   "telemetry_interval_real_ns": planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS,
+                   "plan_digest": plan_digest(plan.to_dict()), "machines": ["a", "b"], "machine": "b",
+                   "underlay": underlay, "controller_address": s2.root_address, "controller_port": port}
+        far = stack.enter_context(remote.RemoteShare(s2.address, request))
+        assert far.ready["switches"] == list(there.switches) and far.ready["hosts"] == list(there.hosts)
+        assert sorted(far.ready["tunnels"]) == sorted(t.intf for t in there.tunnels)
+        # one controller, every switch of both servers connected and programmed
+        ready = ctl.wait_fabric_ready(len(plan.switches), 120)
+        assert len(ready) == len(plan.switches)
+        # the other server's switches are not on this machine's OVS
+        local = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, timeout=30,
+                               check=True).stdout.split()
+        assert set(there.switches).isdisjoint(local) and set(here.switches) <= set(local)
+
+        before = {t.intf: tunnel_packets(t.intf) for t in here.tunnels}
+        far_hosts = [h for h in plan.hosts if h.name in there.hosts]
+        sent = 0
+        for h in here.hosts:
+            node = fab.host(h)
+            for dst in far_hosts:
+                ping = node.popen(["ping", "-c", "2", "-i", "0.2", "-W", "3", "-M", "do", "-s", str(PING_BYTES),
+                                   dst.ip.split("/")[0]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                out = ping.communicate(timeout=30)[0].decode()
+                assert ping.returncode == 0, f"{h} -> {dst.name} ({dst.ip}) across the servers: {out}"
+                sent += 2
+        after = {t.intf: tunnel_packets(t.intf) for t in here.tunnels}
+        # every request leaves through exactly one of this server's tunnel ends and every
+        # reply arrives through one (static neighbours, no IPv6): nothing else crosses
+        tx = sum(after[i][0] - before[i][0] for i in after)
+        rx = sum(after[i][1] - before[i][1] for i in after)
+        assert (tx, rx) == (sent, sent), (before, after)
+        # ECMP spreads the pairs over the crossing uplinks: more than one of them carried traffic
+        assert sum(1 for i in after if after[i][0] > before[i][0]) > 1, (before, after)
