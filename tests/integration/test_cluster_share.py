@@ -5,6 +5,7 @@ crossing uplinks are VXLAN tunnels between them, and one controller on this mach
 cluster address programs both servers' switches."""
 
 import json
+import re
 import subprocess
 from contextlib import ExitStack
 
@@ -30,6 +31,7 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
     from testbed.apply.fabric import MininetFabric
     from testbed.apply.process import free_tcp_port
     from testbed.config import scenario as scenarios
+    from testbed.errors import RunError
     from testbed.model import cluster
     from testbed.model import plan as planning
     from testbed.run.share import plan_digest
@@ -59,6 +61,14 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
                    "telemetry_interval_real_ns": planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS,
                    "plan_digest": plan_digest(plan.to_dict()), "machines": ["a", "b"], "machine": "b",
                    "underlay": underlay, "controller_address": s2.root_address, "controller_port": port}
+        # a server that plans the run differently (another version) refuses, leaving nothing up
+        refused = (rf"{re.escape(s2.address)}: its share of the run did not come up: this server plans the run "
+                   rf"differently \(plan \w+, the coordinator's 0+\)")
+        with pytest.raises(RunError, match=refused):
+            with remote.RemoteShare(s2.address, dict(request, plan_digest="0" * 16)):
+                pass
+        assert subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, "ovs-vsctl", "list-br"],
+                              capture_output=True, text=True, timeout=30, check=True).stdout == ""
         far = stack.enter_context(remote.RemoteShare(s2.address, request))
         assert far.ready["switches"] == list(there.switches) and far.ready["hosts"] == list(there.hosts)
         assert sorted(far.ready["tunnels"]) == sorted(t.intf for t in there.tunnels)
