@@ -74,10 +74,14 @@ def ssh_argv(server: str, remote: str) -> list[str]:
     return argv + [server, remote]
 
 
+def remote_command(module_argv: str) -> str:
+    """The remote command line: ``python -m MODULE ARGS`` from this repository's path and
+    interpreter, on the server (every server has the project at the same path)."""
+    return f"cd {shlex.quote(str(paths.ROOT))} && exec {shlex.quote(sys.executable)} -m {module_argv}"
+
+
 def probe_command() -> str:
-    """The remote command line: this repository's path and interpreter, on the server."""
-    return (f"cd {shlex.quote(str(paths.ROOT))} && exec {shlex.quote(sys.executable)} "
-            f"-m testbed.apply.cluster probe")
+    return remote_command("testbed.apply.cluster probe")
 
 
 def clock_error_dilation(error_ns: float) -> float:
@@ -113,9 +117,8 @@ def best_offset(samples: list[ClockSample]) -> tuple[float, float]:
 
 
 def share_command() -> str:
-    """The remote command line of a server's share of a run (run/share.py)."""
-    return (f"cd {shlex.quote(str(paths.ROOT))} && exec {shlex.quote(sys.executable)} "
-            f"-m testbed.run.share")
+    """A server's share of a run (run/share.py)."""
+    return remote_command("testbed.run.share")
 
 
 class _Session:
