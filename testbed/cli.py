@@ -72,6 +72,8 @@ def parser() -> argparse.ArgumentParser:
                    help="check these servers instead (ssh as root, same version, OVS, clock offset)")
     p = sub.add_parser("clean", help="remove what killed runs left behind (ours only, by run tag)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.add_argument("--cluster", default=None, metavar="SERVER,...",
+                   help="then clean each of these servers over ssh as root (what shares of runs left there)")
     _add_lab_parser(sub)
     return ap
 
@@ -169,6 +171,33 @@ def _doctor(args) -> int:
     return 0 if not any(c.required and c.ok is False for c in items) else 1
 
 
+def _clean(args) -> int:
+    """This machine, then each ``--cluster`` server (its lines prefixed with its name); exit
+    1 when a server could not be cleaned (unreachable, or its clean failed)."""
+    from testbed.apply import registry
+
+    servers = []
+    if args.cluster is not None:
+        from testbed.model.cluster import parse_machines
+
+        servers = parse_machines(args.cluster)
+    would = "would " if args.dry_run else ""
+    actions = registry.clean(dry_run=args.dry_run)
+    prefix = "here: " if servers else ""
+    for line in actions or ["nothing to clean"]:
+        print(prefix + (would + line if actions else line))
+    failed = 0
+    if servers:
+        from testbed.apply import cluster
+
+        for server in servers:
+            ok, lines = cluster.clean_server(server, args.dry_run)
+            failed += not ok
+            for line in lines or ["nothing to clean"]:
+                print(f"{server}: {line}" if ok else f"{server}: NOT CLEANED: {line}")
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = parser().parse_args(argv)
@@ -214,13 +243,7 @@ def main(argv=None) -> int:
         elif args.command == "lab":
             return _lab(args)
         elif args.command == "clean":
-            from testbed.apply import registry
-
-            actions = registry.clean(dry_run=args.dry_run)
-            for line in actions:
-                print(("would " if args.dry_run else "") + line)
-            if not actions:
-                print("nothing to clean")
+            return _clean(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)

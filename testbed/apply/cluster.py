@@ -228,6 +228,23 @@ class RemoteShare:
         return False
 
 
+CLEAN_TIMEOUT_S = 120
+
+
+def clean_server(server: str, dry_run: bool = False) -> tuple[bool, list[str]]:
+    """``testbed clean`` on one server over ssh, as it would run there (its own run registry:
+    what its shares left behind). Returns (it answered, its lines or ssh's reason)."""
+    argv = ssh_argv(server, remote_command("testbed clean" + (" --dry-run" if dry_run else "")))
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CLEAN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, [f"no answer within {CLEAN_TIMEOUT_S} s"]
+    if done.returncode:
+        lines = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()
+        return False, lines[-3:]
+    return True, done.stdout.strip().splitlines()
+
+
 def check_server(server: str, local_digest: str) -> list[Check]:
     """The checks of one server: ssh, root, same version, OVS, clock."""
     session = _Session(server)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -89,7 +90,7 @@ def main() -> int:
         with ExitStack() as stack:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"testbed-share-{request['run_id']}-")))
             share = bring_up(stack, request, work)
-            _say("ready", machine=share.machine, switches=list(share.switches), hosts=list(share.hosts),
+            _say("ready", pid=os.getpid(), machine=share.machine, switches=list(share.switches), hosts=list(share.hosts),
                  tunnels=[t.intf for t in share.tunnels])
             sys.stdin.read()  # held until the coordinator closes our stdin
         _say("down")

@@ -5,13 +5,16 @@ crossing uplinks are VXLAN tunnels between them, and one controller on this mach
 cluster address programs both servers' switches."""
 
 import json
+import os
 import re
 import subprocess
+import sys
 from contextlib import ExitStack
 
 import pytest
 
 from cluster_server import LocalServer
+from conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -99,3 +102,52 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
         assert (tx, rx) == (sent, sent), (before, after)
         # ECMP spreads the pairs over the crossing uplinks: more than one of them carried traffic
         assert sum(1 for i in after if after[i][0] > before[i][0]) > 1, (before, after)
+
+
+@pytest.mark.datapath_independent
+def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(clean_slate, tmp_path, monkeypatch):
+    """The coordinator says a share died without tearing down; ``clean --cluster`` then
+    removes what it left on that server, from that server's own run registry."""
+    from testbed.apply import cluster as remote
+    from testbed.config import scenario as scenarios
+    from testbed.errors import RunError
+    from testbed.model import cluster
+    from testbed.model import plan as planning
+    from testbed.run.share import plan_digest
+
+    sc = scenarios.load("leaf-spine")
+    plan = planning.build(sc, "user")
+    _here, there = cluster.shares(plan, cluster.place(plan, ("a", "b")))
+    with LocalServer(tmp_path, 2) as s2:
+        monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
+
+        def on_server(*argv) -> str:
+            return subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, *argv], capture_output=True,
+                                  text=True, timeout=30, check=True).stdout
+
+        request = {"run_id": f"killed-{tmp_path.name[-16:]}", "scenario": sc.resolved, "datapath": "user",
+                   "link_delay": False, "telemetry_interval_real_ns": planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS,
+                   "plan_digest": plan_digest(plan.to_dict()), "machines": ["a", "b"], "machine": "b",
+                   "underlay": {"a": s2.root_address, "b": s2.address}, "controller_address": s2.root_address,
+                   "controller_port": 6653}
+        with pytest.raises(RunError, match=rf"{re.escape(s2.address)}: its share did not confirm its teardown"):
+            with remote.RemoteShare(s2.address, request) as far:
+                assert sorted(on_server("ovs-vsctl", "list-br").split()) == sorted(there.switches)
+                on_server("kill", "-KILL", str(far.ready["pid"]))  # the share process we started
+        left = sorted(on_server("ovs-vsctl", "list-br").split())
+        assert left == sorted(there.switches)  # a killed share leaves its fabric up
+        env = dict(os.environ, TESTBED_SSH_CONFIG=str(s2.ssh_config))
+        done = subprocess.run([sys.executable, "-m", "testbed", "clean", "--cluster", s2.address],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        for name in there.switches:
+            assert f"{s2.address}: delete OVS bridge {name} (run {request['run_id']})" in done.stdout, done.stdout
+        for end in there.tunnels:
+            assert f"{s2.address}: delete interface {end.intf} (run {request['run_id']})" in done.stdout, done.stdout
+        assert on_server("ovs-vsctl", "list-br") == ""
+        assert {link["ifname"] for link in json.loads(on_server("ip", "-j", "link", "show"))} == {"lo", "eth0"}
+        # an unreachable server is named, and the exit says it was not cleaned
+        done = subprocess.run([sys.executable, "-m", "testbed", "clean", "--cluster", f"{s2.address[:-1]}3"],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+        assert done.returncode == 1 and f"{s2.address[:-1]}3: NOT CLEANED: ssh: connect to host" in done.stdout, (
+            done.stdout + done.stderr)
