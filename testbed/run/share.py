@@ -8,7 +8,8 @@ controller's address and port. It builds the same plan from the same scenario (r
 if the digest differs: the servers run different versions), places it as the coordinator
 did, and brings up its share: its switches, GPUs, NVLink bridges and local links with
 ``apply.fabric.MininetFabric``, its crossing links as VXLAN tunnels to the other servers
-(``apply.tunnel``), registered in this server's run registry so ``clean`` works here too.
+(``apply.tunnel``), the egress queue of each of its switch ports (tunnel ends included:
+shaper, FIFO and the ECN marker, ``apply.queues``), registered in this server's run registry so ``clean`` works here too.
 
 It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "error",
 ...}``), holds the share up until its stdin closes (the coordinator is done, or its ssh
@@ -76,6 +77,9 @@ def bring_up(stack: ExitStack, request: dict, work: Path):
                                       record, work, link_delay=request["link_delay"],
                                       controller_address=request["controller_address"], share=share,
                                       underlay=request["underlay"]))
+    from testbed.apply.queues import EgressQueues  # pyroute2 and the BPF marker
+
+    stack.enter_context(EgressQueues(plan, request["run_id"], link_delay=request["link_delay"], ports=share.queues))
     return share
 
 

@@ -33,6 +33,7 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
     from testbed.apply.controller import Controller
     from testbed.apply.fabric import MininetFabric
     from testbed.apply.process import free_tcp_port
+    from testbed.apply.queues import EgressQueues
     from testbed.config import scenario as scenarios
     from testbed.errors import RunError
     from testbed.model import cluster
@@ -72,6 +73,7 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
                 pass
         assert subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, "ovs-vsctl", "list-br"],
                               capture_output=True, text=True, timeout=30, check=True).stdout == ""
+        egress = stack.enter_context(EgressQueues(plan, run_id, ports=here.queues))
         far = stack.enter_context(remote.RemoteShare(s2.address, request))
         assert far.ready["switches"] == list(there.switches) and far.ready["hosts"] == list(there.hosts)
         assert sorted(far.ready["tunnels"]) == sorted(t.intf for t in there.tunnels)
@@ -83,7 +85,15 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
                                check=True).stdout.split()
         assert set(there.switches).isdisjoint(local) and set(here.switches) <= set(local)
 
+        # a tunnel end has its queue like any switch port (mq root, TBF on the data queue),
+        # here and on the other server
+        for intf, on in [(t.intf, []) for t in here.tunnels] + [(t.intf, s2.inside()) for t in there.tunnels]:
+            shown = subprocess.run([*on, "tc", "qdisc", "show", "dev", intf], capture_output=True, text=True,
+                                   timeout=30, check=True).stdout
+            assert re.search(r"qdisc mq 1: root", shown) and "qdisc tbf" in shown and "qdisc clsact" in shown, (
+                intf, shown)
         before = {t.intf: tunnel_packets(t.intf) for t in here.tunnels}
+        marked = {t.intf: egress.counters(t.intf).get("packets", 0) for t in here.tunnels}
         far_hosts = [h for h in plan.hosts if h.name in there.hosts]
         sent = 0
         for h in here.hosts:
@@ -100,6 +110,9 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
         tx = sum(after[i][0] - before[i][0] for i in after)
         rx = sum(after[i][1] - before[i][1] for i in after)
         assert (tx, rx) == (sent, sent), (before, after)
+        # and each went through that port's queue: the ECN marker counted every one
+        for t in here.tunnels:
+            assert egress.counters(t.intf).get("packets", 0) - marked[t.intf] == after[t.intf][0] - before[t.intf][0]
         # ECMP spreads the pairs over the crossing uplinks: more than one of them carried traffic
         assert sum(1 for i in after if after[i][0] > before[i][0]) > 1, (before, after)
 
