@@ -1,5 +1,6 @@
-"""A second "server" on this machine, for cluster tests: network, mount and UTS namespaces
-of their own, reached over a veth pair, running their own sshd and their own Open vSwitch
+"""A second "server" on this machine, for cluster tests: network, mount, UTS and time
+namespaces of their own (its CLOCK_MONOTONIC runs MONOTONIC_OFFSET_S ahead of this
+machine's, as another machine's would differ), reached over a veth pair, running their own sshd and their own Open vSwitch
 (its own database and run directory on a private /run and /etc/openvswitch, userspace
 datapath). Everything is started here and ended by PID, in reverse order, on any exit.
 """
@@ -16,6 +17,7 @@ from testbed.apply.process import wait_for
 from testbed.errors import RunError
 
 CMD_TIMEOUT_S = 20
+MONOTONIC_OFFSET_S = 1000  # what the coordinator must measure and undo
 READY_TIMEOUT_S = 20
 
 
@@ -83,12 +85,14 @@ class LocalServer:
         return proc
 
     def inside(self, *argv) -> list[str]:
-        return ["nsenter", "-t", str(self.pid), "-n", "-m", "-u", "--", *argv]
+        # a time namespace applies to the children of the process that made it: enter that one
+        return ["nsenter", "-t", str(self.pid), "-n", "-m", "-u", f"--time=/proc/{self.pid}/ns/time_for_children", "--",
+                *argv]
 
     def _start(self):
         self.work.mkdir(parents=True)
-        holder = self._spawn(["unshare", "--net", "--mount", "--uts", "--propagation", "private",
-                              "sleep", "infinity"], "holder.log")
+        holder = self._spawn(["unshare", "--net", "--mount", "--uts", "--time", "--monotonic",
+                              str(MONOTONIC_OFFSET_S), "--propagation", "private", "sleep", "infinity"], "holder.log")
         self.pid = holder.pid
         _wait("the server's namespaces", lambda: os.readlink(f"/proc/{self.pid}/ns/mnt")
               != os.readlink("/proc/self/ns/mnt"))
