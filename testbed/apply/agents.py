@@ -54,17 +54,25 @@ class Agents:
         time (CLOCK_MONOTONIC ns). ``progress``: a ``Progress`` to update while waiting;
         ``on_start(start_ns)``: called once the agents have their start time."""
         start_ns = time.monotonic_ns() + int(START_MARGIN_S * 1e9)
-        deadline_ns = start_ns + int(timeout_s * 1e9)
-        for child in self.children:
-            child.send(f"{start_ns} {deadline_ns}")
+        self.start(start_ns, start_ns + int(timeout_s * 1e9))
         if on_start:
             on_start(start_ns)
-        end = time.monotonic() + timeout_s + START_MARGIN_S + 5
+        self.wait_done(time.monotonic() + timeout_s + START_MARGIN_S + 5, progress)
+        return start_ns
+
+    def start(self, start_ns: int, deadline_ns: int):
+        """Hands every agent the start time and deadline (this machine's CLOCK_MONOTONIC ns;
+        a cluster run's coordinator has shifted them by this server's measured offset)."""
+        for child in self.children:
+            child.send(f"{start_ns} {deadline_ns}")
+
+    def wait_done(self, end: float, progress=None):
+        """Until every agent has finished its ops (``end``: time.monotonic() hang deadline).
+        They then linger, answering their peers, until exit."""
         for child in self.children:
             child.expect("done", end, f"{child.name} to finish its schedule", tick=progress.tick if progress else None)
         if progress:
             progress.tick()
-        return start_ns
 
     def __exit__(self, *exc):
         stop_all(self.children, EXIT_TIMEOUT_S)

@@ -205,6 +205,38 @@ class RemoteShare:
         self.ready = answer
         return self
 
+    def clock_offset(self) -> tuple[float, float]:
+        """(offset_ns, error_ns) of this server's CLOCK_MONOTONIC against ours (remote =
+        local + offset), from CLOCK_SAMPLES reads over the share's session (best_offset)."""
+        from testbed.errors import RunError
+
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        samples = [self.session.clock(deadline) for _ in range(CLOCK_SAMPLES)]
+        if None in samples:
+            raise RunError(f"{self.server}: its share did not answer a clock read within {PROBE_TIMEOUT_S} s")
+        return best_offset(samples)
+
+    def send(self, command: str):
+        """A command line to the share (run/share.py lists them); ``answer`` reads its reply."""
+        self.session.proc.stdin.write(command.encode() + b"\n")
+        self.session.proc.stdin.flush()
+
+    def answer(self, event: str, timeout_s: float, what: str) -> dict:
+        """The share's next answer, which must be ``event``; else RunError naming the server,
+        ``what`` was awaited and the share's reason."""
+        from testbed.errors import RunError
+
+        line = self.session.line(time.monotonic() + timeout_s)
+        reply = json.loads(line) if line else {}
+        if reply.get("event") != event:
+            why = reply.get("error") or (f"no answer within {timeout_s:.0f} s" if line is None else line)
+            raise RunError(f"{self.server}: {what}: {why}")
+        return reply
+
+    def ask(self, command: str, event: str, timeout_s: float, what: str) -> dict:
+        self.send(command)
+        return self.answer(event, timeout_s, what)
+
     def _end(self) -> str:
         session, self.session = self.session, None
         return session.close(SHARE_DOWN_TIMEOUT_S) if session else ""

@@ -15,6 +15,7 @@ the pod count rather than cut a link the design says never crosses.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from testbed.errors import ConfigError
@@ -158,4 +159,41 @@ def shares(plan: Plan, placement: Placement) -> list[Share]:
             links=tuple(lk for lk in plan.links if at[lk.a] == at[lk.b] == m), tunnels=tuple(ends[m]),
             queues=queues,
             paused_across=tuple((q.intf, f) for q in queues for f in q.feeders if f in tunnel_intfs)))
+    return out
+
+
+CLOCK_FIELDS = ("t_ns", "ready_ns", "start_ns", "end_ns")  # an agent record's CLOCK_MONOTONIC times
+
+
+def to_coordinator_clock(text: str, offset_ns: int) -> str:
+    """A server's agent records (JSON lines, its CLOCK_MONOTONIC) in the coordinator's clock:
+    every time field less the server's measured offset (remote = coordinator + offset), so
+    one run folder's records share one time line. Durations and counters are unchanged; a
+    line cut short by an interrupted run is kept as it is (the reader skips it)."""
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            out.append(line)
+            continue
+        if isinstance(record, dict):
+            for key in CLOCK_FIELDS:
+                if isinstance(record.get(key), int):
+                    record[key] -= offset_ns
+        out.append(json.dumps(record))
+    return "".join(f"{line}\n" for line in out)
+
+
+def crossing_bytes(plan: Plan, placement: Placement) -> dict:
+    """The payload bytes the plan's workload sends from each machine to each other one:
+    ``{(from, to): bytes}`` over every send op whose peer is placed on another machine (what
+    the tunnels between them must carry, headers and acknowledgements aside)."""
+    at = placement.node_machine
+    out: dict = {}
+    for gpu, ops in (plan.training.ops.items() if plan.training else ()):
+        for op in ops:
+            if op.kind == "send" and at[op.peer] != at[gpu]:
+                key = (at[gpu], at[op.peer])
+                out[key] = out.get(key, 0) + op.bytes
     return out

@@ -12,9 +12,22 @@ did, and brings up its share: its switches, GPUs, NVLink bridges and local links
 shaper, FIFO and the ECN marker, ``apply.queues``), registered in this server's run registry so ``clean`` works here too.
 
 It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "error",
-...}``), holds the share up until its stdin closes (the coordinator is done, or its ssh
-session died: a dead coordinator leaves nothing up), tears it down in reverse order and
-answers ``{"event": "down"}``. SIGTERM and SIGHUP unwind the same way.
+...}``), then serves the coordinator's commands, one line each, until its stdin closes
+(the coordinator is done, or its ssh session died: a dead coordinator leaves nothing up):
+
+- ``t``: this machine's CLOCK_MONOTONIC in ns (the coordinator's clock samples, as the probe's);
+- ``agents``: starts the agent of each of its GPU servers with the run's plan, answers
+  ``{"event": "agents"}`` once every GPU's sockets are open;
+- ``train START_NS DEADLINE_NS HANG_S``: hands them the start time and deadline (this
+  machine's clock: the coordinator shifted its own by the measured offset), answers
+  ``{"event": "trained"}`` when every one has finished its ops (they linger, answering
+  their peers on the other servers, until ``records``);
+- ``records``: ends the agents and answers ``{"event": "records", "files": {NAME: TEXT}}``,
+  their records as written here (in this machine's clock).
+
+A command that fails answers ``{"event": "error", "error": ...}`` and the share stays up.
+Then it tears everything down in reverse order and answers ``{"event": "down"}``.
+SIGTERM and SIGHUP unwind the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -51,8 +65,15 @@ def _stop(signum, frame):
     raise _Stop()
 
 
-def bring_up(stack: ExitStack, request: dict, work: Path):
-    """The share of ``request`` on this machine, entered on ``stack``; returns the Share."""
+class Up:
+    """What ``bring_up`` built: the plan, this server's Share, its fabric and run record."""
+
+    def __init__(self, plan, share, fabric, record):
+        self.plan, self.share, self.fabric, self.record = plan, share, fabric, record
+
+
+def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
+    """The share of ``request`` on this machine, entered on ``stack``."""
     import yaml
 
     from testbed.apply import registry
@@ -73,14 +94,67 @@ def bring_up(stack: ExitStack, request: dict, work: Path):
     machines = tuple(request["machines"])
     (share,) = [s for s in cluster.shares(plan, cluster.place(plan, machines)) if s.machine == request["machine"]]
     record = stack.enter_context(registry.RunRecord(request["run_id"], str(work)))
-    stack.enter_context(MininetFabric(plan, request["run_id"], request["datapath"], request["controller_port"],
+    fabric = stack.enter_context(MininetFabric(plan, request["run_id"], request["datapath"], request["controller_port"],
                                       record, work, link_delay=request["link_delay"],
                                       controller_address=request["controller_address"], share=share,
                                       underlay=request["underlay"]))
     from testbed.apply.queues import EgressQueues  # pyroute2 and the BPF marker
 
     stack.enter_context(EgressQueues(plan, request["run_id"], link_delay=request["link_delay"], ports=share.queues))
-    return share
+    return Up(plan, share, fabric, record)
+
+
+class Commands:
+    """The coordinator's commands once the share is up (the module docstring lists them)."""
+
+    def __init__(self, up: Up, work: Path):
+        self.up, self.work = up, work
+        self.records_dir = work / "agents"
+        self.agents_stack = ExitStack()
+        self.agents = None
+
+    def serve(self, lines):
+        for line in lines:
+            if not line.strip():
+                continue
+            word, *args = line.split()
+            try:
+                if word == "t":
+                    sys.stdout.write(f"{time.monotonic_ns()}\n")
+                    sys.stdout.flush()
+                elif word == "agents":
+                    self.start_agents()
+                    _say("agents", gpus=self.gpus())
+                elif word == "train" and len(args) == 3 and self.agents is not None:
+                    start_ns, deadline_ns, hang_s = int(args[0]), int(args[1]), float(args[2])
+                    self.agents.start(start_ns, deadline_ns)
+                    self.agents.wait_done(time.monotonic() + hang_s)
+                    _say("trained")
+                elif word == "records":
+                    self.agents_stack.close()
+                    self.agents = None
+                    _say("records", files={p.name: p.read_text() for p in sorted(self.records_dir.glob("*.jsonl"))})
+                else:
+                    _say("error", error=f"unknown command {line.strip()!r} (or train before agents)")
+            except TestbedError as exc:
+                _say("error", error=str(exc))
+        self.agents_stack.close()
+
+    def gpus(self) -> list:
+        return [g for g in self.up.plan.training.ranks if g in self.up.share.hosts] if self.up.plan.training else []
+
+    def start_agents(self):
+        from testbed.apply.agents import Agents
+
+        if self.agents is not None:
+            raise TestbedError("the agents are already started")
+        gpus = self.gpus()
+        if not gpus:
+            raise TestbedError("this scenario has no workload: no agents to start")
+        plan_path = self.work / "plan.json"
+        plan_path.write_text(json.dumps(self.up.plan.to_dict()))
+        self.agents = self.agents_stack.enter_context(Agents(self.up.fabric, gpus, plan_path, self.records_dir,
+                                                             self.up.record))
 
 
 def main() -> int:
@@ -93,10 +167,11 @@ def main() -> int:
             return 2
         with ExitStack() as stack:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"testbed-share-{request['run_id']}-")))
-            share = bring_up(stack, request, work)
+            up = bring_up(stack, request, work)
+            share = up.share
             _say("ready", pid=os.getpid(), machine=share.machine, switches=list(share.switches), hosts=list(share.hosts),
                  tunnels=[t.intf for t in share.tunnels])
-            sys.stdin.read()  # held until the coordinator closes our stdin
+            Commands(up, work).serve(iter(sys.stdin.readline, ""))  # until the coordinator closes our stdin
         _say("down")
         return 0
     except (TestbedError, _Stop, KeyboardInterrupt) as exc:

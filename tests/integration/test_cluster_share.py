@@ -13,7 +13,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from cluster_server import LocalServer
+from cluster_server import MONOTONIC_OFFSET_S, LocalServer
 from conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -27,59 +27,93 @@ def tunnel_packets(intf: str) -> tuple[int, int]:
     return link["stats64"]["tx"]["packets"], link["stats64"]["rx"]["packets"]
 
 
-@pytest.mark.datapath_independent  # the second server runs OVS's userspace datapath everywhere
-def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tmp_path, monkeypatch):
-    from testbed.apply import cluster as remote, registry
-    from testbed.apply.controller import Controller
-    from testbed.apply.fabric import MininetFabric
-    from testbed.apply.process import free_tcp_port
-    from testbed.apply.queues import EgressQueues
-    from testbed.config import scenario as scenarios
-    from testbed.errors import RunError
-    from testbed.model import cluster
+def share_request(sc, plan, run_id: str, s2, controller_port: int) -> dict:
+    """What the coordinator sends server b (run/share.py): a is this machine."""
     from testbed.model import plan as planning
     from testbed.run.share import plan_digest
 
-    sc = scenarios.load("leaf-spine")
-    plan = planning.build(sc, "user")
-    here, there = cluster.shares(plan, cluster.place(plan, ("a", "b")))
-    plan_path = tmp_path / "plan.json"
-    plan_path.write_text(json.dumps(plan.to_dict()))
-    run_id = f"cluster-{tmp_path.name[-20:]}"
-    with LocalServer(tmp_path, 2) as s2, ExitStack() as stack:
-        monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
+    return {"run_id": run_id, "scenario": sc.resolved, "datapath": "user", "link_delay": False,
+            "telemetry_interval_real_ns": planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS,
+            "plan_digest": plan_digest(plan.to_dict()), "machines": ["a", "b"], "machine": "b",
+            "underlay": {"a": s2.root_address, "b": s2.address}, "controller_address": s2.root_address,
+            "controller_port": controller_port}
+
+
+class TwoServers:
+    """The fabric of ``sc`` on two servers: this machine (a, with the controller on its
+    cluster address) and a LocalServer (b, over ssh); ``enter(stack)`` brings it up."""
+
+    def __init__(self, sc, tmp_path, monkeypatch, s2):
+        from testbed.model import cluster
+        from testbed.model import plan as planning
+
+        self.sc, self.tmp_path, self.monkeypatch, self.s2 = sc, tmp_path, monkeypatch, s2
+        self.plan = planning.build(sc, "user")
+        self.placement = cluster.place(self.plan, ("a", "b"))
+        self.here, self.there = cluster.shares(self.plan, self.placement)
+        self.plan_path = tmp_path / "plan.json"
+        self.plan_path.write_text(json.dumps(self.plan.to_dict()))
+        self.run_id = f"cluster-{tmp_path.name[-20:]}"
+
+    def enter(self, stack: ExitStack, before_far=None):
+        from testbed.apply import cluster as remote, registry
+        from testbed.apply.controller import Controller
+        from testbed.apply.fabric import MininetFabric
+        from testbed.apply.process import free_tcp_port
+        from testbed.apply.queues import EgressQueues
+
+        s2, plan = self.s2, self.plan
+        self.monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
         for argv in (["ip", "link", "set", "dev", s2.root_intf, "mtu", "9000"],
                      s2.inside("ip", "link", "set", "dev", "eth0", "mtu", "9000")):
             subprocess.run(argv, check=True, timeout=30)
         underlay = {"a": s2.root_address, "b": s2.address}
-        record = stack.enter_context(registry.RunRecord(run_id, str(tmp_path)))
+        self.record = stack.enter_context(registry.RunRecord(self.run_id, str(self.tmp_path)))
         port = free_tcp_port()
-        ctl = stack.enter_context(Controller(plan_path, tmp_path, port, address=s2.root_address,
-                                             on_start=lambda pid: record.add(processes=[pid])))
-        ctl.wait_listening(60)
-        work = tmp_path / "work"
+        self.ctl = stack.enter_context(Controller(self.plan_path, self.tmp_path, port, address=s2.root_address,
+                                                  on_start=lambda pid: self.record.add(processes=[pid])))
+        self.ctl.wait_listening(60)
+        work = self.tmp_path / "work"
         work.mkdir()
-        fab = stack.enter_context(MininetFabric(plan, run_id, "user", port, record, work,
-                                                controller_address=s2.root_address, share=here, underlay=underlay))
-        request = {"run_id": run_id, "scenario": sc.resolved, "datapath": "user", "link_delay": False,
-                   "telemetry_interval_real_ns": planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS,
-                   "plan_digest": plan_digest(plan.to_dict()), "machines": ["a", "b"], "machine": "b",
-                   "underlay": underlay, "controller_address": s2.root_address, "controller_port": port}
-        # a server that plans the run differently (another version) refuses, leaving nothing up
-        refused = (rf"{re.escape(s2.address)}: its share of the run did not come up: this server plans the run "
-                   rf"differently \(plan \w+, the coordinator's 0+\)")
-        with pytest.raises(RunError, match=refused):
-            with remote.RemoteShare(s2.address, dict(request, plan_digest="0" * 16)):
-                pass
-        assert subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, "ovs-vsctl", "list-br"],
-                              capture_output=True, text=True, timeout=30, check=True).stdout == ""
-        egress = stack.enter_context(EgressQueues(plan, run_id, ports=here.queues))
-        far = stack.enter_context(remote.RemoteShare(s2.address, request))
+        self.fab = stack.enter_context(MininetFabric(plan, self.run_id, "user", port, self.record, work,
+                                                     controller_address=s2.root_address, share=self.here,
+                                                     underlay=underlay))
+        self.request = share_request(self.sc, plan, self.run_id, s2, port)
+        if before_far:
+            before_far(self)
+        self.egress = stack.enter_context(EgressQueues(plan, self.run_id, ports=self.here.queues))
+        self.far = stack.enter_context(remote.RemoteShare(s2.address, self.request))
+        # one controller, every switch of both servers connected and programmed
+        ready = self.ctl.wait_fabric_ready(len(plan.switches), 120)
+        assert len(ready) == len(plan.switches)
+        return self
+
+
+def refused_when_planned_differently(two: "TwoServers"):
+    """A server that plans the run differently (another version) refuses, leaving nothing up."""
+    from testbed.apply import cluster as remote
+    from testbed.errors import RunError
+
+    s2 = two.s2
+    refused = (rf"{re.escape(s2.address)}: its share of the run did not come up: this server plans the run "
+               rf"differently \(plan \w+, the coordinator's 0+\)")
+    with pytest.raises(RunError, match=refused):
+        with remote.RemoteShare(s2.address, dict(two.request, plan_digest="0" * 16)):
+            pass
+    assert subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, "ovs-vsctl", "list-br"],
+                          capture_output=True, text=True, timeout=30, check=True).stdout == ""
+
+
+@pytest.mark.datapath_independent  # the second server runs OVS's userspace datapath everywhere
+def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tmp_path, monkeypatch):
+    from testbed.config import scenario as scenarios
+
+    with LocalServer(tmp_path, 2) as s2, ExitStack() as stack:
+        two = TwoServers(scenarios.load("leaf-spine"), tmp_path, monkeypatch, s2).enter(
+            stack, before_far=refused_when_planned_differently)
+        plan, here, there, far, fab, egress = two.plan, two.here, two.there, two.far, two.fab, two.egress
         assert far.ready["switches"] == list(there.switches) and far.ready["hosts"] == list(there.hosts)
         assert sorted(far.ready["tunnels"]) == sorted(t.intf for t in there.tunnels)
-        # one controller, every switch of both servers connected and programmed
-        ready = ctl.wait_fabric_ready(len(plan.switches), 120)
-        assert len(ready) == len(plan.switches)
         # the other server's switches are not on this machine's OVS
         local = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, timeout=30,
                                check=True).stdout.split()
@@ -126,7 +160,6 @@ def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(
     from testbed.errors import RunError
     from testbed.model import cluster
     from testbed.model import plan as planning
-    from testbed.run.share import plan_digest
 
     sc = scenarios.load("leaf-spine")
     plan = planning.build(sc, "user")
@@ -138,11 +171,7 @@ def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(
             return subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, *argv], capture_output=True,
                                   text=True, timeout=30, check=True).stdout
 
-        request = {"run_id": f"killed-{tmp_path.name[-16:]}", "scenario": sc.resolved, "datapath": "user",
-                   "link_delay": False, "telemetry_interval_real_ns": planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS,
-                   "plan_digest": plan_digest(plan.to_dict()), "machines": ["a", "b"], "machine": "b",
-                   "underlay": {"a": s2.root_address, "b": s2.address}, "controller_address": s2.root_address,
-                   "controller_port": 6653}
+        request = share_request(sc, plan, f"killed-{tmp_path.name[-16:]}", s2, 6653)
         with pytest.raises(RunError, match=rf"{re.escape(s2.address)}: its share did not confirm its teardown"):
             with remote.RemoteShare(s2.address, request) as far:
                 assert sorted(on_server("ovs-vsctl", "list-br").split()) == sorted(there.switches)
@@ -164,3 +193,75 @@ def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(
                               capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
         assert done.returncode == 1 and f"{s2.address[:-1]}3: NOT CLEANED: ssh: connect to host" in done.stdout, (
             done.stdout + done.stderr)
+
+
+@pytest.mark.datapath_independent
+def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_the_crossing_traffic(
+        clean_slate, tmp_path, monkeypatch):
+    """The default job (dp-ring, one iteration) on leaf-spine split over two servers: the
+    agents of both start on one deadline (the other server's shifted by its measured clock
+    offset), every planned op of every GPU is recorded in one folder, the bytes that crossed
+    between the servers are exactly the plan's crossing sends, and the tunnel ends carried
+    exactly the packets the agents say they sent across (data, ACKs, NAKs, CNPs)."""
+    from testbed.analysis.training import load_records, summarise_run
+    from testbed.apply.agents import Agents
+    from testbed.config import scenario as scenarios
+    from testbed.model import cluster
+    from testbed.run.cluster import train_across
+
+    source = tmp_path / "leaf-spine-dp.yaml"
+    source.write_text((ROOT / "scenarios" / "leaf-spine.yaml").read_text() + "traffic: dp-ring\n")
+    sc = scenarios.load(str(source), ["workload.iterations=1", "workload.collective.bytes=256KB"])
+    with LocalServer(tmp_path, 2) as s2, ExitStack() as stack:
+        two = TwoServers(sc, tmp_path, monkeypatch, s2).enter(stack)
+        plan, here = two.plan, two.here
+        at = two.placement.node_machine
+        before = {t.intf: tunnel_packets(t.intf) for t in here.tunnels}
+        records_dir = tmp_path / "run" / "agents"
+        records_dir.parent.mkdir()
+        ours = [g for g in plan.training.ranks if g in here.hosts]
+        with Agents(two.fab, ours, two.plan_path, records_dir, two.record) as agents:
+            started = train_across(agents, [two.far], records_dir, timeout_s=120)
+        after = {t.intf: tunnel_packets(t.intf) for t in here.tunnels}
+    assert set(started["clocks"]) == {s2.address}
+    # the other server's CLOCK_MONOTONIC runs MONOTONIC_OFFSET_S ahead (its time namespace):
+    # measured within the measurement's error (+1 us of rounding)
+    clock = started["clocks"][s2.address]
+    assert abs(clock["offset_ns"] - MONOTONIC_OFFSET_S * 10**9) <= clock["error_ns"] + 1000, clock
+
+    # both servers' records, in one folder, on one time line
+    assert sorted(p.name for p in records_dir.glob("*.jsonl")) == sorted(f"{g}.jsonl" for g in plan.training.ranks)
+    records = load_records(records_dir)
+    ops = [r for r in records if r["type"] == "op"]
+    planned_ops = plan.training.to_dict()["ops"]
+    assert len(ops) == sum(len(v) for v in planned_ops.values())
+    summary = summarise_run(records_dir.parent, records, plan.training.to_dict(), plan.dilation.factor)
+    assert len(summary["iterations"]) == 1 and summary["collectives"], summary
+    # one time line, not two: every message received across the servers ended after its
+    # sender started it (in the coordinator's clock; the other server's records shifted back)
+    sends = {(o["gpu"], o["peer"], o["iteration"], o["collective"], o["step"]): o for o in ops if o["kind"] == "send"}
+    crossed = [o for o in ops if o["kind"] == "recv" and at[o["peer"]] != at[o["gpu"]]]
+    assert crossed
+    for r in crossed:
+        s = sends[(r["peer"], r["gpu"], r["iteration"], r["collective"], r["step"])]
+        assert s["start_ns"] <= r["end_ns"], (s, r)
+
+    # every byte the plan sends between the servers arrived, in order, exactly once
+    qps = [r for r in records if r["type"] == "qp"]
+    received = {}
+    for q in qps:
+        if at[q["peer"]] != at[q["gpu"]]:
+            key = (at[q["peer"]], at[q["gpu"]])
+            received[key] = received.get(key, 0) + q["bytes_received"]
+    expected = cluster.crossing_bytes(plan, two.placement)
+    assert expected and set(expected) == {("a", "b"), ("b", "a")}
+    assert received == expected, (received, expected)
+
+    # the tunnel ends carried exactly what the agents sent across, nothing more or less
+    def sent_across(src: str) -> int:
+        return sum(q["packets_sent"] + sum(q.get(k, 0) for k in ("acks_sent", "naks_sent", "cnps_sent", "nacks_sent"))
+                   for q in qps if at[q["gpu"]] == src and at[q["peer"]] != src)
+
+    tx = sum(after[i][0] - before[i][0] for i in after)
+    rx = sum(after[i][1] - before[i][1] for i in after)
+    assert (tx, rx) == (sent_across("a"), sent_across("b")), (before, after)

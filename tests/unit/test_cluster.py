@@ -1,5 +1,6 @@
 """Placement of a fabric on several machines (model.cluster): pure, no root."""
 
+import json
 import re
 
 import pytest
@@ -195,3 +196,34 @@ def test_fabric_builds_only_its_share():
     assert ours.isdisjoint(t.intf for t in a.tunnels)  # tunnel ends are apply.tunnel's
     assert set(fabric.root_interfaces(p)) == ours | set(fabric.root_interfaces(p, b)) | {
         t.intf for t in a.tunnels + b.tunnels}
+
+
+def test_a_servers_records_come_back_on_the_coordinators_time_line():
+    text = "\n".join([
+        '{"gpu": "h5", "type": "op", "ready_ns": 5000, "start_ns": 5100, "end_ns": 7000, "bytes": 32000}',
+        '{"gpu": "h5", "type": "rate", "t_ns": 6000, "rate_bps": 100}',
+        '{"gpu": "h5", "type": "qp", "packets_sent": 8, "nscc_base_rtt_ns": 900}',
+        '{"gpu": "h5", "type": "op", "ready_ns": 8000, "sta',  # cut short by an interrupted run
+    ]) + "\n"
+    out = cluster.to_coordinator_clock(text, 1000).splitlines()
+    assert json.loads(out[0]) == {"gpu": "h5", "type": "op", "ready_ns": 4000, "start_ns": 4100, "end_ns": 6000,
+                                  "bytes": 32000}
+    assert json.loads(out[1])["t_ns"] == 5000 and json.loads(out[1])["rate_bps"] == 100
+    # durations and counters are not times on a clock
+    assert json.loads(out[2]) == {"gpu": "h5", "type": "qp", "packets_sent": 8, "nscc_base_rtt_ns": 900}
+    assert out[3] == '{"gpu": "h5", "type": "op", "ready_ns": 8000, "sta'
+    # a server behind the coordinator (negative offset) moves forward
+    assert json.loads(cluster.to_coordinator_clock(text, -1000).splitlines()[1])["t_ns"] == 7000
+
+
+def test_crossing_bytes_are_the_sends_whose_peer_is_on_another_server(tmp_path):
+    source = tmp_path / "s.yaml"
+    source.write_text("name: ls-dp\ntopology: leaf-spine\ntraffic: dp-ring\n")
+    p = plan.build(scenario.load(str(source), ["workload.iterations=2", "workload.collective.bytes=256KB"]), "user")
+    placed = cluster.place(p, ("a", "b"))
+    # the ring h1..h8 crosses twice (h4 -> h5, h8 -> h1), each 2 x 7 steps of 256 KB / 8 per iteration
+    per_pair = 2 * (2 * 7 * 32000)
+    assert cluster.crossing_bytes(p, placed) == {("a", "b"): per_pair, ("b", "a"): per_pair}
+    # without a workload nothing crosses; on one machine nothing crosses
+    assert cluster.crossing_bytes(build("leaf-spine"), cluster.place(build("leaf-spine"), ("a", "b"))) == {}
+    assert cluster.crossing_bytes(p, cluster.place(p, ("a",))) == {}
