@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                    help="how often the controller collects counters, in real-fabric time (default: 10us; "
                         "x dilation on this machine)")
     p.add_argument("--datapath", choices=scenarios.DATAPATHS, default=None, help="OVS datapath (default: auto)")
+    p.add_argument("--cluster", default="", metavar="HERE,SERVER,...",
+                   help="run across servers: this machine's address on their network first, then each other server "
+                        "(ssh as root, the same project path; docs/cluster.md)")
     p = sub.add_parser("show", help="print the planned fabric (no root needed)")
     _add_scenario_args(p)
     p.add_argument("--paths", nargs=2, metavar=("SRC", "DST"), help="GPU hosts to list ECMP paths for (h1 h8)")
@@ -209,7 +212,8 @@ def main(argv=None) -> int:
 
             sc = _load(args)
             opts = run.RunOptions(cli=args.cli, datapath=args.datapath, hold_s=args.hold,
-                                  train=not args.no_traffic, pcap=args.pcap, isolate_baseline=args.isolate_baseline)
+                                  train=not args.no_traffic, pcap=args.pcap, isolate_baseline=args.isolate_baseline,
+                                  cluster=args.cluster)
             if args.telemetry_interval is not None:
                 opts.telemetry_interval_real_ns = _interval_ns(args.telemetry_interval)
             if args.results:

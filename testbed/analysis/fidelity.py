@@ -23,6 +23,11 @@ emulation kept up with the time dilation it was given:
   ECMP keeps a flow on one path, so only the emulation can
   reorder it: a busy host delivering one flow through two CPUs' backlogs); each such
   arrival costs a go-back-N retransmission a real fabric would not have;
+- ``cluster_clock``: a run across servers started every server's GPUs on one deadline, each
+  shifted by its measured clock offset; the offset's error (half the best round trip),
+  dilated, must stay within a tenth of one MTU's serialisation on the fastest link, or
+  GPUs on different servers start (and their records line up) further apart than the
+  shortest event the fabric times;
 - ``pfc_reaction``: the PFC process saw a queue cross XOFF and applied a received pause
   within a quarter of the peer response time the headroom formula budgets (1 us real):
   a slower emulated reaction lets more bytes in after XOFF than a real switch would.
@@ -35,7 +40,7 @@ Pure: reads a ``results.Results``.
 from __future__ import annotations
 
 from testbed import units
-from testbed.model import queues
+from testbed.model import cluster, queues
 
 LIMITS = {
     "dequeue_rate": 0.9,  # achieved / configured, at least
@@ -46,6 +51,7 @@ LIMITS = {
     "telemetry": 0,  # polls skipped, at most
     "reordering": 0,  # out-of-order arrivals of a flow in a run without drops, at most
     "pfc_reaction": 0.25,  # the emulation's PFC reaction (real) / the headroom formula's response time, at most
+    "cluster_clock": 1.0,  # worst server clock error (emulated) / a tenth of an MTU at the fastest link, at most
 }
 SATURATED = 0.98
 MARGIN = 1.5
@@ -209,7 +215,24 @@ def pfc_reaction(r) -> dict | None:
                   share / LIMITS["pfc_reaction"], f"{p['xoff_polls']} XOFF decisions")
 
 
-CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss, reordering, pfc_reaction)
+def cluster_clock(r) -> dict | None:
+    clocks = (r.manifest.get("cluster") or {}).get("clocks")
+    links = [lk["rate_bps"] for lk in r.plan.get("links", []) if lk.get("kind") != "nvlink" and "rate_bps" in lk]
+    if not clocks or not links:
+        return None
+    d = float(r.manifest.get("dilation") or 1)
+    server, worst = max(((s, c["error_ns"]) for s, c in clocks.items()), key=lambda x: x[1])
+    budget_ns = cluster.clock_budget_ns(max(links))
+    share = worst / d / budget_ns
+    ok = share <= LIMITS["cluster_clock"]
+    return _check("cluster_clock", round(share, 3), ok,
+                  f"the clock offset of {server} is known to +-{worst / 1e3:.1f} us (real), {worst / d:.2f} ns emulated: "
+                  f"more than a tenth of an MTU's serialisation ({budget_ns:.2f} ns) at {max(links) / 1e9:g}G",
+                  share / LIMITS["cluster_clock"], f"{len(clocks)} other servers")
+
+
+CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss, reordering, pfc_reaction,
+          cluster_clock)
 
 
 def check(r) -> dict:

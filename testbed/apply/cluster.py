@@ -32,7 +32,6 @@ SSH_CONNECT_TIMEOUT_S = 5
 PROBE_TIMEOUT_S = 30
 CLOCK_SAMPLES = 16
 FASTEST_LINK_BPS = 400e9
-OFFSET_SHARE_OF_MTU = 0.1
 TUNNEL_OVERHEAD_BYTES = 50  # VXLAN: outer Ethernet 14 + IP 20 + UDP 8 + VXLAN 8 (gretap needs 38)
 
 
@@ -87,10 +86,9 @@ def probe_command() -> str:
 def clock_error_dilation(error_ns: float) -> float:
     """The smallest dilation at which a start-time error of ``error_ns`` (real) stays within a
     tenth of one MTU's serialisation on the fastest link (emulated)."""
-    from testbed.model.queues import MTU_BYTES  # a link's largest frame on the wire
+    from testbed.model.cluster import clock_budget_ns
 
-    budget_ns = OFFSET_SHARE_OF_MTU * MTU_BYTES * 8 / FASTEST_LINK_BPS * 1e9
-    return error_ns / budget_ns
+    return error_ns / clock_budget_ns(FASTEST_LINK_BPS)
 
 
 @dataclass(frozen=True)
@@ -318,6 +316,8 @@ def check_server(server: str, local_digest: str) -> list[Check]:
         out.append(Check(f"{name} clock", False, f"{len(samples)} of {CLOCK_SAMPLES} clock reads answered",
                          "a stable ssh connection"))
         return out
+    from testbed.model.cluster import OFFSET_SHARE_OF_MTU
+
     offset_ns, error_ns = best_offset(samples)
     out.append(Check(f"{name} clock", True,
                      f"CLOCK_MONOTONIC offset {offset_ns / 1e3:+.1f} us +- {error_ns / 1e3:.1f} us (best of "

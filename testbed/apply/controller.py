@@ -32,9 +32,11 @@ def check_listen_address(address: str) -> str:
 
 class Controller:
     def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, telemetry: bool = False,
-                 pins: Path | None = None, address: str = "127.0.0.1"):
+                 pins: Path | None = None, address: str = "127.0.0.1", queues_of=None):
         """``address``: where the OpenFlow listener binds; loopback unless switches on other
-        servers must reach it (a cluster), and then one explicit address, never a wildcard."""
+        servers must reach it (a cluster), and then one explicit address, never a wildcard.
+        ``queues_of``: the switches whose queues its collector reads (a cluster run: this
+        server's; the other servers' shares collect theirs), None for all."""
         self.run_dir, self.port, self.address = run_dir, port, check_listen_address(address)
         self.events_path = run_dir / "controller-events.jsonl"
         self.log_path = run_dir / "controller.log"
@@ -45,6 +47,8 @@ class Controller:
             argv += ["--telemetry", str(run_dir)]
             if pins:
                 argv += ["--pins", str(pins)]
+            if queues_of is not None:
+                argv += ["--queues-of", ",".join(queues_of)]
         self.child = Child("the controller", argv, log=self.log_path, lines=False)
 
     def __enter__(self):

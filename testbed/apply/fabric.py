@@ -290,6 +290,10 @@ class MininetFabric:
     def host(self, name: str):
         return self.net.get(name)
 
+    def has_host(self, name: str) -> bool:
+        """Whether GPU ``name`` is on this machine (all are, unless this is a cluster share)."""
+        return self.share is None or name in self.share.hosts
+
     def cli(self):
         from mininet.cli import CLI
 

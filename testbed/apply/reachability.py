@@ -33,30 +33,58 @@ def probe_timing(plan, load: dict) -> tuple[float, float]:
     return resend_s, max(float(PROBE_TIMEOUT_S), TIMEOUT_ROUNDS * resend_s)
 
 
-def check(fab, plan) -> dict:
-    """Returns {"pairs", "failures"}; raises RunError listing the failures."""
+def check(fab, plan, far=()) -> dict:
+    """Returns {"pairs", "failures"}; raises RunError listing the failures. ``far``: the
+    other servers' shares of a cluster run (``apply.cluster.RemoteShare``), whose GPUs
+    probe at the same time from there (run/share.py's ``probe``)."""
     load, switches = plan.ecmp_shares()
-    resend_s, timeout_s = probe_timing(plan, load)
+    timing = probe_timing(plan, load)
+    for f in far:
+        f.send(f"probe {timing[0]:.3f} {timing[1]:.3f}")
+    results = probe(fab, plan, [h.name for h in plan.hosts if fab.has_host(h.name)], timing)
+    for f in far:
+        results.update(f.answer("probed", timing[1] + 60, "its GPUs' reachability probes did not answer")["results"])
+    return judge(plan, results, switches, timing[1])
+
+
+def probe(fab, plan, gpus: list, timing: tuple) -> dict:
+    """Every GPU of ``gpus`` pings every other GPU of the plan at once: ``{gpu: {addr: ttl
+    or None}}``. ``timing``: (resend, timeout) in seconds, ``probe_timing``'s."""
+    resend_s, timeout_s = timing
     procs = {}
-    for h in plan.hosts:
-        targets = [o.addr for o in plan.hosts if o.name != h.name]
-        procs[h.name] = fab.host(h.name).popen(
+    for name in gpus:
+        targets = [o.addr for o in plan.hosts if o.name != name]
+        procs[name] = fab.host(name).popen(
             [sys.executable, "-m", "testbed.apply.probe", "--timeout", f"{timeout_s:.3f}", "--resend",
              f"{resend_s:.3f}", *targets], cwd=str(ROOT))
-    by_addr = {h.addr: h for h in plan.hosts}
-    failures, pairs = [], 0
+    results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=timeout_s + 20)
         if proc.returncode:
             raise RunError(f"reachability probe in {name} failed: {err.decode().strip()}")
-        for addr, ttl in json.loads(out).items():
+        results[name] = json.loads(out)
+    return results
+
+
+def judge(plan, results: dict, switches: dict, timeout_s: float) -> dict:
+    """Each GPU's replies against the planned number of switch hops (``switches``: per
+    ordered pair, ``plan.ecmp_shares``'s); every GPU must have probed (a cluster run's
+    servers each probe from their own GPUs)."""
+    missing = [h.name for h in plan.hosts if h.name not in results]
+    if missing:
+        raise RunError(f"reachability: no probe results from {', '.join(missing)}")
+    by_addr = {h.addr: h for h in plan.hosts}
+    failures, pairs = [], 0
+    for h in plan.hosts:
+        for addr, ttl in results[h.name].items():
             dst = by_addr[addr]
             pairs += 1
-            expected = switches[(name, dst.name)]
+            expected = switches[(h.name, dst.name)]
             if ttl is None:
-                failures.append(f"{name} -> {dst.name} ({addr}): no reply in {timeout_s:g}s")
+                failures.append(f"{h.name} -> {dst.name} ({addr}): no reply in {timeout_s:g}s")
             elif DEFAULT_TTL - ttl != expected:
-                failures.append(f"{name} -> {dst.name}: reply crossed {DEFAULT_TTL - ttl} switches, planned {expected}")
+                failures.append(f"{h.name} -> {dst.name}: reply crossed {DEFAULT_TTL - ttl} switches, planned "
+                                f"{expected}")
     if failures:
         more = f" (and {len(failures) - 10} more)" if len(failures) > 10 else ""
         raise RunError(f"{len(failures)} of {pairs} GPU pairs failed: " + "; ".join(failures[:10]) + more)

@@ -27,6 +27,8 @@ def main(argv=None):
                         help="the one address to listen on (checked by apply.controller.check_listen_address)")
     parser.add_argument("--telemetry", default=None, help="folder for the telemetry JSON lines (off if unset)")
     parser.add_argument("--pins", default=None, help="the run's bpffs folder (marker maps: queue counters)")
+    parser.add_argument("--queues-of", default=None,
+                        help="comma-separated switches whose queues are on this machine (a cluster run; default all)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s controller %(name)s %(levelname)s %(message)s")
@@ -36,7 +38,8 @@ def main(argv=None):
              project="os_ken")
     from testbed.controller import app
 
-    app.SETTINGS.update(plan=args.plan, events=args.events, telemetry=args.telemetry, pins=args.pins)
+    app.SETTINGS.update(plan=args.plan, events=args.events, telemetry=args.telemetry, pins=args.pins,
+                        queues_of=args.queues_of.split(",") if args.queues_of else None)
     AppManager.run_apps(["testbed.controller.app"])
 
 

@@ -70,8 +70,8 @@ class TestbedController(app_manager.OSKenApp):
         self.logic = routing.FabricController(plan)
         self.datapaths = {}
         self.event_log.write("started", pid=os.getpid(), switches=len(self.logic.switches))
-        self.collector = Collector(SETTINGS["telemetry"], plan, SETTINGS.get("pins")) if SETTINGS.get(
-            "telemetry") else None
+        self.collector = Collector(SETTINGS["telemetry"], plan, SETTINGS.get("pins"), SETTINGS.get(
+            "queues_of")) if SETTINGS.get("telemetry") else None
         self.poller = None
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)

@@ -22,10 +22,12 @@ OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
 
 
 class Collector:
-    def __init__(self, folder: str | Path, plan: dict, pins: str | Path | None):
+    def __init__(self, folder: str | Path, plan: dict, pins: str | Path | None, switches=None):
+        """``switches``: the switches whose queues are on this machine (a cluster run's share;
+        each server's share collects its own), None for all of the plan's."""
         self.folder = Path(folder)
         self.files = {name: open(self.folder / f"{name}.jsonl", "a", buffering=1) for name in FILES}
-        self.queues = plan.get("queues", [])
+        self.queues = [q for q in plan.get("queues", []) if switches is None or q["switch"] in switches]
         self.pins = Path(pins) if pins else None
         self.counters: Counters | None = None
         self.pfc: bpfmap.Map | None = None  # the PFC process's per-port counters

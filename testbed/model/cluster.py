@@ -197,3 +197,15 @@ def crossing_bytes(plan: Plan, placement: Placement) -> dict:
                 key = (at[gpu], at[op.peer])
                 out[key] = out.get(key, 0) + op.bytes
     return out
+
+
+OFFSET_SHARE_OF_MTU = 0.1  # the start-time error a cluster run allows: this share of one MTU's serialisation
+
+
+def clock_budget_ns(link_bps: float) -> float:
+    """The start-time error (emulated ns) a cluster run allows between servers: a tenth of
+    one MTU's serialisation on a link of ``link_bps`` (the fastest one: its packets are the
+    shortest events an error can reorder)."""
+    from testbed.model.queues import MTU_BYTES  # a link's largest frame on the wire
+
+    return OFFSET_SHARE_OF_MTU * MTU_BYTES * 8 / link_bps * 1e9

@@ -16,6 +16,8 @@ It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "
 (the coordinator is done, or its ssh session died: a dead coordinator leaves nothing up):
 
 - ``t``: this machine's CLOCK_MONOTONIC in ns (the coordinator's clock samples, as the probe's);
+- ``probe RESEND_S TIMEOUT_S``: its GPUs ping every GPU of the run (the all-pairs check,
+  ``apply.reachability.probe``), answers ``{"event": "probed", "results": {GPU: {ADDR: TTL}}}``;
 - ``agents``: starts the agent of each of its GPU servers with the run's plan, answers
   ``{"event": "agents"}`` once every GPU's sockets are open;
 - ``train START_NS DEADLINE_NS HANG_S``: hands them the start time and deadline (this
@@ -23,7 +25,10 @@ It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "
   ``{"event": "trained"}`` when every one has finished its ops (they linger, answering
   their peers on the other servers, until ``records``);
 - ``records``: ends the agents and answers ``{"event": "records", "files": {NAME: TEXT}}``,
-  their records as written here (in this machine's clock).
+  their records as written here (in this machine's clock);
+- ``telemetry``: one last poll, then ends the collector of its ports' queues (started with
+  the share, every telemetry interval, as the controller's collector does on one machine)
+  and answers ``{"event": "telemetry", "files": {"queues": TEXT, "polls": TEXT}}``.
 
 A command that fails answers ``{"event": "error", "error": ...}`` and the share stays up.
 Then it tears everything down in reverse order and answers ``{"event": "down"}``.
@@ -70,6 +75,7 @@ class Up:
 
     def __init__(self, plan, share, fabric, record):
         self.plan, self.share, self.fabric, self.record = plan, share, fabric, record
+        self.collector = None
 
 
 def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
@@ -100,8 +106,65 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
                                       underlay=request["underlay"]))
     from testbed.apply.queues import EgressQueues  # pyroute2 and the BPF marker
 
-    stack.enter_context(EgressQueues(plan, request["run_id"], link_delay=request["link_delay"], ports=share.queues))
-    return Up(plan, share, fabric, record)
+    egress = stack.enter_context(EgressQueues(plan, request["run_id"], link_delay=request["link_delay"],
+                                              ports=share.queues))
+    telemetry = work / "telemetry"
+    telemetry.mkdir()
+    up = Up(plan, share, fabric, record)
+    up.collector = stack.enter_context(QueueCollector(plan, telemetry, egress.marker.dir, share.switches))
+    return up
+
+
+class QueueCollector:
+    """This share's ports' queues read every telemetry interval in a thread, with the
+    controller's ``Collector`` (the controller's own collector reads only the coordinator's
+    ports). A failed read ends the thread and is told at ``stop`` (the run fails loudly)."""
+
+    def __init__(self, plan, folder: Path, pins: Path, switches):
+        import threading
+
+        from testbed.controller.collector import Collector
+
+        self.folder = folder
+        self.collector = Collector(folder, plan.to_dict(), pins, switches)
+        self.interval_ns = plan.telemetry.interval_emulated_ns
+        self.done = threading.Event()
+        self.error = None
+        self.thread = threading.Thread(target=self._loop, name="queue collector", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def _loop(self):
+        from testbed.controller import telemetry
+
+        try:
+            poller = telemetry.Poller(self.interval_ns, time.monotonic_ns())
+            while not self.done.is_set():
+                now = time.monotonic_ns()
+                if poller.due(now):
+                    self.collector.poll_done(now, poller.skipped, self.collector.poll_queues(now))
+                self.done.wait(poller.wait_s(time.monotonic_ns()))
+            now = time.monotonic_ns()  # one last poll: the totals after the last packet
+            self.collector.poll_done(now, poller.skipped, self.collector.poll_queues(now))
+        except Exception as exc:  # noqa: BLE001 - told to the coordinator at stop
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> dict:
+        """Ends the thread after its last poll; returns the files it wrote."""
+        if not self.done.is_set():
+            self.done.set()
+            self.thread.join()
+        if self.error:
+            raise TestbedError(f"the queue collector failed: {self.error}")
+        return {name: (self.folder / f"{name}.jsonl").read_text() for name in ("queues", "polls")}
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        self.collector.close()
+        return False
 
 
 class Commands:
@@ -122,6 +185,13 @@ class Commands:
                 if word == "t":
                     sys.stdout.write(f"{time.monotonic_ns()}\n")
                     sys.stdout.flush()
+                elif word == "probe" and len(args) == 2:
+                    from testbed.apply import reachability
+
+                    _say("probed", results=reachability.probe(self.up.fabric, self.up.plan, list(self.up.share.hosts),
+                                                              (float(args[0]), float(args[1]))))
+                elif word == "telemetry":
+                    _say("telemetry", files=self.up.collector.stop())
                 elif word == "agents":
                     self.start_agents()
                     _say("agents", gpus=self.gpus())

@@ -70,6 +70,7 @@ class RunOptions:
     pcap: str = ""  # comma-separated ports to capture during training (capture.parse_ports)
     telemetry_interval_real_ns: int = planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS
     isolate_baseline: bool = False  # with jobs: run each job alone afterwards (run.baseline)
+    cluster: str = ""  # HERE,SERVER,...: run across servers (run.cluster; docs/cluster.md)
 
 
 @dataclass
@@ -110,6 +111,9 @@ class Run:
         self.timings: dict = {}
         self.ctl = self.fab = self.egress = self.pfcd = self.adaptive = self.record = None
         self.pfc_on = False  # some port's data class is lossless (the PFC process then also sends pauses)
+        self.layout = None  # a cluster run's servers and placement (run.cluster.Layout)
+        self.here = None  # this server's share of a cluster run (model.cluster.Share)
+        self.far = []  # the other servers' shares (apply.cluster.RemoteShare), once up
 
     # -- 1. plan ---------------------------------------------------------------------------
     def make_plan(self):
@@ -125,6 +129,11 @@ class Run:
         from testbed.apply.capture import parse_ports
 
         self.pcap_ports = parse_ports(opts.pcap, self.plan) if opts.pcap else []
+        if opts.cluster:
+            from testbed.run import cluster as coordinating
+
+            self.layout = coordinating.layout(self.plan, opts.cluster, opts)
+            self.here = self.layout.shares(self.plan)[0]
         self.run_id, self.run_dir = new_run_dir(opts.results_dir, sc.name)
         (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(sc.resolved, sort_keys=False))
         self.plan_path = self.run_dir / "plan.json"
@@ -136,6 +145,8 @@ class Run:
                                             "interval_real_ns": self.plan.telemetry.interval_real_ns,
                                             "interval_emulated_ns": self.plan.telemetry.interval_emulated_ns})
         self.manifest.timings_s = self.timings
+        if self.layout is not None:
+            self.manifest.cluster = self.layout.to_dict(self.plan)
         self.manifest.write(self.run_dir)
         LOG.info("run %s: %d GPUs, %d switches, %s datapath, dilation %g", self.run_id, len(self.plan.hosts),
                  len(self.plan.switches), datapath, self.plan.dilation.factor)
@@ -147,9 +158,11 @@ class Run:
         work = self.run_dir / "work"
         work.mkdir()
         port = free_tcp_port()
+        here, address = self.here, self.layout.underlay[self.layout.here] if self.layout else "127.0.0.1"
         self.ctl = stack.enter_context(Controller(self.plan_path, self.run_dir, port,
                                                   on_start=lambda pid: self.record.add(processes=[pid]),
-                                                  telemetry=True, pins=PIN_ROOT / self.run_id))
+                                                  telemetry=True, pins=PIN_ROOT / self.run_id, address=address,
+                                                  queues_of=here.switches if here else None))
         self.ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
         self.t_up = time.monotonic()
         from testbed.apply.fabric import MininetFabric  # Mininet is imported only when a fabric is built
@@ -157,8 +170,15 @@ class Run:
 
         netem = self.manifest.link_delay_emulated
         self.fab = stack.enter_context(MininetFabric(self.plan, self.run_id, self.manifest.datapath, port,
-                                                     self.record, work, link_delay=netem))
-        self.egress = stack.enter_context(EgressQueues(self.plan, self.run_id, link_delay=netem))
+                                                     self.record, work, link_delay=netem, controller_address=address,
+                                                     share=here, underlay=self.layout.underlay if here else None))
+        self.egress = stack.enter_context(EgressQueues(self.plan, self.run_id, link_delay=netem,
+                                                       ports=here.queues if here else None))
+        if self.layout is not None:
+            from testbed.run import cluster as coordinating
+
+            self.far = coordinating.bring_up_others(stack, self.layout, self.run_dir, self.scenario, self.plan,
+                                                    self.manifest, port, self.options.telemetry_interval_real_ns)
         # the PFC process also owns the data class's rate: a run whose events slow a link needs it
         self.pfc_on = any(pq.pfc for pq in self.plan.queues)
         if self.pfc_on or any(e.rate_bps for e in self.plan.events):
@@ -189,7 +209,7 @@ class Run:
         from testbed.apply import reachability
 
         t = time.monotonic()
-        self.manifest.reachability = reachability.check(self.fab, self.plan)
+        self.manifest.reachability = reachability.check(self.fab, self.plan, self.far)
         self.timings["reachability"] = round(time.monotonic() - t, 3)
         self.manifest.status = "up"
         self.manifest.write(self.run_dir)
@@ -217,10 +237,15 @@ class Run:
 
         self.manifest.workload = {"iterations": tp.iterations}
         self.manifest.training = train(self.fab, self.plan, self.plan_path, self.run_dir, self.record, self.timings,
-                                       set_rate=self.pfcd.set_rate if self.pfcd is not None else None)
+                                       set_rate=self.pfcd.set_rate if self.pfcd is not None else None,
+                                       far=self.far, cluster=self.manifest.cluster)
         self.ctl.check_alive()
         interval_s = self.plan.telemetry.interval_emulated_ns / 1e9
         self.ctl.wait_poll_after(time.monotonic_ns(), 3 * interval_s + 5)
+        if self.far:
+            from testbed.run.cluster import gather_telemetry
+
+            gather_telemetry(self.far, self.manifest.cluster.get("clocks", {}), self.run_dir)
         self.manifest.write(self.run_dir)
 
     def after_training(self):

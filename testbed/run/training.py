@@ -18,9 +18,11 @@ HANG_GUARD_RATIO = 20  # the agents' deadline: 20x the ideal, at least HANG_GUAR
 HANG_GUARD_MIN_S = 120.0
 
 
-def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None) -> dict:
+def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, far=(), cluster: dict | None = None) -> dict:
     """Runs the training to the end; writes training.json and returns its headline.
-    ``set_rate(real_bps, intfs)``: how link events slow a link (the PFC process's)."""
+    ``set_rate(real_bps, intfs)``: how link events slow a link (the PFC process's).
+    ``far``: a cluster run's other servers' shares, whose GPUs train from there on the same
+    deadline (``run.cluster.train_across``); ``cluster`` gets their clocks and the start."""
     tp, wl = plan.training, plan.scenario.workload
     t0 = time.monotonic()
     records_dir = run_dir / "agents"
@@ -28,7 +30,7 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None) -
     progress = None
     try:
         with LinkEvents(plan.events, plan.dilation, run_dir, set_rate) as events, \
-                Agents(fab, list(tp.ranks), plan_path, records_dir, record) as agents:
+                Agents(fab, [g for g in tp.ranks if fab.has_host(g)], plan_path, records_dir, record) as agents:
             if wl is None:
                 LOG.info("training: %d jobs on %d GPUs (%s); ideal %s per iteration of the slowest", len(tp.jobs),
                          len(tp.ranks), ", ".join(f"{n}: {len(j['gpus'])} GPUs" for n, j in tp.jobs.items()),
@@ -43,8 +45,15 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None) -
                          tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
                          units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
             progress = Progress(tp.ops, records_dir, tp.iterations)
-            agents.train(timeout_s=max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s), progress=progress,
-                         on_start=events.start)
+            timeout_s = max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s)
+            if far:
+                from testbed.run.cluster import train_across
+
+                started = train_across(agents, list(far), records_dir, timeout_s, progress)
+                if cluster is not None:
+                    cluster.update(started)
+            else:
+                agents.train(timeout_s=timeout_s, progress=progress, on_start=events.start)
             events.check()
     finally:
         if progress is not None:

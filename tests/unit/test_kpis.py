@@ -310,3 +310,28 @@ def test_dequeue_rate_leaves_out_an_interval_a_small_backlog_could_drain_in():
     rows.append({**rows[-1], "t_ns": 3 * ms, "tbf_sent_bytes": 1900})
     r = SimpleNamespace(queues=results.pd.DataFrame(rows), pfc_events=results.pd.DataFrame())
     assert fidelity.dequeue_rate(r)["value"] == 0.9
+
+
+def test_fidelity_fails_a_cluster_run_whose_clock_error_outgrows_a_tenth_of_an_mtu(run_dir):
+    """A run across servers: the worst server's clock error (real), dilated, against a tenth
+    of one MTU's serialisation on the fastest link. A single-machine run has no such check."""
+    from testbed.model import cluster
+
+    assert "cluster_clock" not in {c["name"] for c in fidelity.check(results.load(run_dir))["checks"]}
+    plan = json.loads((run_dir / "plan.json").read_text())
+    for lk in plan["links"]:
+        lk["rate_bps"] = 400e9
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    m = json.loads((run_dir / "manifest.json").read_text())
+    budget_real_ns = cluster.clock_budget_ns(400e9) * D  # 8.4 ns emulated at 400G
+    within = {"b": {"offset_ns": 10**12, "error_ns": round(0.5 * budget_real_ns)}, "c": {"offset_ns": 0, "error_ns": 1}}
+    (run_dir / "manifest.json").write_text(json.dumps({**m, "cluster": {"clocks": within}}))
+    by = {c["name"]: c for c in fidelity.check(results.load(run_dir))["checks"]}
+    assert by["cluster_clock"]["ok"] and by["cluster_clock"]["value"] == 0.5
+    over = {**within, "c": {"offset_ns": -5, "error_ns": round(3 * budget_real_ns)}}
+    (run_dir / "manifest.json").write_text(json.dumps({**m, "cluster": {"clocks": over}}))
+    f = fidelity.check(results.load(run_dir))
+    by = {c["name"]: c for c in f["checks"]}
+    assert not by["cluster_clock"]["ok"] and by["cluster_clock"]["value"] == 3.0
+    assert "the clock offset of c is known to" in by["cluster_clock"]["cause"] and f["verdict"] == "not trusted"
+    assert f["suggested_dilation"] >= 3 * D
