@@ -1,6 +1,7 @@
 """The switches' PFC: real 802.1Qbb frames between switch ports, pausing the data class.
 
-One process per run in the root namespace (where every switch port lives), started by
+One process per run in the root namespace (where every switch port lives; in a cluster
+run one per server, for that server's ports: run/share.py), started by
 ``PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
 PFC pauses) and the run's BPF pin folder. Every ``model.pfc.poll_period_ns(dilation)`` (50 ns of fabric time, at least 1 ms) it reads each switch port's shadow queue (the marker's
 map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it. Ingress accounting is
@@ -76,7 +77,10 @@ class Port:
 
 
 class Pfcd:
-    def __init__(self, plan: dict, pins: str, events: str):
+    def __init__(self, plan: dict, pins: str, events: str, switches=None):
+        """``switches``: the switches whose ports are on this machine (a cluster run's share:
+        each server's PFC process serves its own ports; a pause for a feeder at a tunnel end
+        crosses to the other server's process like any frame), None for all."""
         self.d = Dilation(plan["dilation"])
         self.out = open(events, "a", buffering=1)
         self.tc = PortTc()
@@ -90,6 +94,8 @@ class Pfcd:
         # before the one that sent the XOFF), and the longest a received pause took to apply
         self.reaction = {"xoff_polls": 0, "xoff_detect_max_ns": 0, "pause_apply_max_ns": 0}
         for pq in plan["queues"]:
+            if switches is not None and pq["switch"] not in switches:
+                continue
             intf = pq["intf"]
             mac = Path(f"/sys/class/net/{intf}/address").read_text().strip()
             pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
@@ -287,11 +293,14 @@ class PfcDaemon:
     EXIT_TIMEOUT_S = 10
     RATE_TIMEOUT_S = 10
 
-    def __init__(self, plan_path: Path, pins: Path, run_dir: Path, record):
+    def __init__(self, plan_path: Path, pins: Path, run_dir: Path, record, switches=None):
+        """``switches``: the switches whose ports it serves (a cluster run's share), None for all."""
         self.run_dir, self.record = run_dir, record
         self.events = run_dir / "pfc.jsonl"
-        self.child = Child("the PFC process", [sys.executable, "-m", "testbed.apply.pfc", str(plan_path), str(pins),
-                                               str(self.events)], log=run_dir / "pfcd.log")
+        argv = [sys.executable, "-m", "testbed.apply.pfc", str(plan_path), str(pins), str(self.events)]
+        if switches is not None:
+            argv.append(",".join(switches))
+        self.child = Child("the PFC process", argv, log=run_dir / "pfcd.log")
 
     def __enter__(self):
         self.child.start()
@@ -322,22 +331,35 @@ class PfcDaemon:
         return False
 
     def totals(self) -> dict:
-        """Per-port counters the process wrote at exit, summed, and the ports that paused."""
-        ports = [r for r in read_events(self.events) if r.get("event") == "port"]
-        keys = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "drops")
-        out = {k: sum(p[k] for p in ports) for k in keys}
-        out["paused_ports"] = sorted(p["port"] for p in ports if p["frames_received"])
-        out["headroom_high_water_bytes"] = max((p["headroom_high_water_bytes"] for p in ports), default=0)
-        for r in read_events(self.events):
-            if r.get("event") == "reaction":
-                out.update({k: v for k, v in r.items() if k != "event"})
-        return out
+        return totals(self.events)
+
+
+def totals(events: Path) -> dict:
+    """Per-port counters the PFC processes wrote at exit, summed, the ports that paused, and
+    their reaction (the events of every server's process in a cluster run: XOFF decisions
+    summed, the worst detection and pause-application times)."""
+    records = list(read_events(events))
+    ports = [r for r in records if r.get("event") == "port"]
+    keys = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "drops")
+    out = {k: sum(p[k] for p in ports) for k in keys}
+    out["paused_ports"] = sorted(p["port"] for p in ports if p["frames_received"])
+    out["headroom_high_water_bytes"] = max((p["headroom_high_water_bytes"] for p in ports), default=0)
+    for r in records:
+        if r.get("event") == "reaction":
+            for k, v in r.items():
+                if k == "xoff_polls":
+                    out[k] = out.get(k, 0) + v
+                elif k != "event":
+                    out[k] = max(out.get(k, 0), v)
+    return out
 
 
 def main(argv=None) -> int:
-    plan_path, pins, events = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else argv
+    plan_path, pins, events = args[:3]
+    switches = args[3].split(",") if len(args) > 3 else None
     with open(plan_path) as f:
-        daemon = Pfcd(json.load(f), pins, events)
+        daemon = Pfcd(json.load(f), pins, events, switches)
     print("ready", flush=True)
     try:
         daemon.run(sys.stdin)

@@ -84,8 +84,6 @@ class Layout:
 def unsupported(plan, options) -> list:
     """What a cluster run cannot do yet (docs/cluster.md), as the settings to change."""
     out = []
-    if any(pq.pfc for pq in plan.queues):
-        out.append("queues.pfc: the PFC process runs on one machine only (set queues: {pfc: off})")
     if plan.events:
         out.append("events: link events are applied on one machine only (remove them)")
     if plan.routing == "adaptive":
@@ -156,13 +154,18 @@ def bring_up_others(stack, layout: Layout, run_dir: Path, scenario, plan, manife
 
 
 def gather_telemetry(far: list, clocks: dict, run_dir: Path):
-    """Each share's queue records appended to the run's ``queues.jsonl`` (on the
-    coordinator's time line), its polls (its host's CPU) to ``servers/SERVER/polls.jsonl``."""
+    """Each share's queue records appended to the run's ``queues.jsonl`` and its PFC
+    process's records to ``pfc.jsonl`` (on the coordinator's time line: the run's totals
+    and reaction then cover every server), its polls (its host's CPU) to
+    ``servers/SERVER/polls.jsonl``."""
     for f in far:
         files = f.ask("telemetry", "telemetry", RECORDS_TIMEOUT_S, "its queue telemetry did not arrive")["files"]
         offset = clocks.get(f.server, {}).get("offset_ns", 0)
         with open(run_dir / "queues.jsonl", "a") as out:
             out.write(to_coordinator_clock(files["queues"], offset))
+        if "pfc" in files:
+            with open(run_dir / "pfc.jsonl", "a") as out:
+                out.write(to_coordinator_clock(files["pfc"], offset))
         folder = run_dir / "servers" / f.server
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "polls.jsonl").write_text(to_coordinator_clock(files["polls"], offset))

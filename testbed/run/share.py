@@ -28,7 +28,8 @@ It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "
   their records as written here (in this machine's clock);
 - ``telemetry``: one last poll, then ends the collector of its ports' queues (started with
   the share, every telemetry interval, as the controller's collector does on one machine)
-  and answers ``{"event": "telemetry", "files": {"queues": TEXT, "polls": TEXT}}``.
+  and its PFC process (when a port of its is lossless: one per share, for its ports) and
+  answers ``{"event": "telemetry", "files": {"queues": TEXT, "polls": TEXT[, "pfc": TEXT]}}``.
 
 A command that fails answers ``{"event": "error", "error": ...}`` and the share stays up.
 Then it tears everything down in reverse order and answers ``{"event": "down"}``.
@@ -75,7 +76,10 @@ class Up:
 
     def __init__(self, plan, share, fabric, record):
         self.plan, self.share, self.fabric, self.record = plan, share, fabric, record
+        self.plan_path = None
         self.collector = None
+        self.pfcd = None  # this share's PFC process, when a port of its is lossless
+        self.pfc_stack = ExitStack()
 
 
 def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
@@ -111,7 +115,15 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
     telemetry = work / "telemetry"
     telemetry.mkdir()
     up = Up(plan, share, fabric, record)
+    up.plan_path = work / "plan.json"
+    up.plan_path.write_text(json.dumps(plan.to_dict()))
     up.collector = stack.enter_context(QueueCollector(plan, telemetry, egress.marker.dir, share.switches))
+    if any(pq.pfc for pq in share.queues):
+        from testbed.apply.pfc import PfcDaemon
+
+        up.pfcd = up.pfc_stack.enter_context(PfcDaemon(up.plan_path, egress.marker.dir, telemetry, record,
+                                                       switches=share.switches))
+        stack.push(up.pfc_stack.__exit__)  # whichever comes first: the telemetry command or the teardown
     return up
 
 
@@ -190,8 +202,13 @@ class Commands:
 
                     _say("probed", results=reachability.probe(self.up.fabric, self.up.plan, list(self.up.share.hosts),
                                                               (float(args[0]), float(args[1]))))
-                elif word == "telemetry":
-                    _say("telemetry", files=self.up.collector.stop())
+                elif word == "telemetry" and not self.up.collector.done.is_set():
+                    files = self.up.collector.stop()
+                    if self.up.pfcd is not None:
+                        self.up.pfcd.check_alive()
+                        self.up.pfc_stack.close()  # it writes its per-port totals as it exits
+                        files["pfc"] = self.up.pfcd.events.read_text()
+                    _say("telemetry", files=files)
                 elif word == "agents":
                     self.start_agents()
                     _say("agents", gpus=self.gpus())
@@ -221,10 +238,8 @@ class Commands:
         gpus = self.gpus()
         if not gpus:
             raise TestbedError("this scenario has no workload: no agents to start")
-        plan_path = self.work / "plan.json"
-        plan_path.write_text(json.dumps(self.up.plan.to_dict()))
-        self.agents = self.agents_stack.enter_context(Agents(self.up.fabric, gpus, plan_path, self.records_dir,
-                                                             self.up.record))
+        self.agents = self.agents_stack.enter_context(Agents(self.up.fabric, gpus, self.up.plan_path,
+                                                             self.records_dir, self.up.record))
 
 
 def main() -> int:

@@ -185,7 +185,7 @@ class Run:
             from testbed.apply.pfc import PfcDaemon
 
             self.pfcd = stack.enter_context(PfcDaemon(self.plan_path, self.egress.marker.dir, self.run_dir,
-                                                      self.record))
+                                                      self.record, switches=here.switches if here else None))
         if self.plan.routing == "adaptive":
             from testbed.apply.steering import AdaptiveRouting
 
@@ -242,10 +242,7 @@ class Run:
         self.ctl.check_alive()
         interval_s = self.plan.telemetry.interval_emulated_ns / 1e9
         self.ctl.wait_poll_after(time.monotonic_ns(), 3 * interval_s + 5)
-        if self.far:
-            from testbed.run.cluster import gather_telemetry
-
-            gather_telemetry(self.far, self.manifest.cluster.get("clocks", {}), self.run_dir)
+        # (the other servers' telemetry is gathered as their shares come down: run.cluster)
         self.manifest.write(self.run_dir)
 
     def after_training(self):

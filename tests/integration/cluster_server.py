@@ -101,8 +101,11 @@ class LocalServer:
         for path in ("/run", "/etc/openvswitch", "/var/log/openvswitch"):
             _run(self.inside("mount", "-t", "tmpfs", "-o", "mode=0755", "tbcluster", path))
         _run(self.inside("mkdir", "-p", "/run/openvswitch", "/run/sshd"))
-        # its own bpffs: `testbed clean` there unpins what runs not in its registry left,
-        # which must never reach this machine's pins
+        # its own sysfs (a sysfs shows the network namespace of whoever mounted it: /sys/class/net
+        # must list this server's interfaces, as the PFC process reads their addresses there),
+        # and on it its own bpffs: `testbed clean` there unpins what runs not in its registry
+        # left, which must never reach this machine's pins
+        _run(self.inside("mount", "-t", "sysfs", "tbcluster", "/sys"))
         _run(self.inside("mount", "-t", "bpf", "tbcluster", "/sys/fs/bpf"))
         _run(self.inside("hostname", self.hostname))
         _run(["ip", "link", "add", self.root_intf, "type", "veth", "peer", "name", "eth0", "netns", str(self.pid)])

@@ -30,8 +30,7 @@ def test_run_across_two_servers_trains_and_gathers_one_results_folder(clean_slat
 
     source = tmp_path / "leaf-spine-dp.yaml"
     source.write_text((ROOT / "scenarios" / "leaf-spine.yaml").read_text() + "traffic: dp-ring\n")
-    # PFC across servers is not built (docs/cluster.md): lossy queues with ECN
-    sets = ["--set", "workload.iterations=1", "--set", "workload.collective.bytes=256KB", "--set", "queues.pfc=off"]
+    sets = ["--set", "workload.iterations=1", "--set", "workload.collective.bytes=256KB"]
     with LocalServer(tmp_path, 2) as s2:
         for argv in (["ip", "link", "set", "dev", s2.root_intf, "mtu", "9000"],
                      s2.inside("ip", "link", "set", "dev", "eth0", "mtu", "9000")):
@@ -57,7 +56,7 @@ def test_run_across_two_servers_trains_and_gathers_one_results_folder(clean_slat
     assert abs(clock["offset_ns"] - MONOTONIC_OFFSET_S * 10**9) <= clock["error_ns"] + 1000, clock
     assert manifest["reachability"]["pairs"] == 8 * 7
 
-    sc = scenarios.load(str(source), ["workload.iterations=1", "workload.collective.bytes=256KB", "queues.pfc=off"])
+    sc = scenarios.load(str(source), ["workload.iterations=1", "workload.collective.bytes=256KB"])
     plan = planning.build(sc, manifest["datapath"])
     here, there = cluster.shares(plan, cluster.place(plan, (s2.root_address, s2.address)))
     assert c["placement"][s2.address]["gpus"] == list(there.hosts)
@@ -70,11 +69,17 @@ def test_run_across_two_servers_trains_and_gathers_one_results_folder(clean_slat
     # both servers' queues in the run's telemetry, on one time line
     queues = [json.loads(line) for line in (run_dir / "queues.jsonl").read_text().splitlines()]
     seen = {q["intf"] for q in queues}
+    assert len({(q["intf"], q["t_ns"]) for q in queues}) == len(queues)  # each poll once
     assert {pq.intf for pq in plan.queues} == seen
     ours = [q["t_ns"] for q in queues if q["switch"] in here.switches]
     theirs = [q["t_ns"] for q in queues if q["switch"] in there.switches]
     assert abs(min(theirs) - min(ours)) < 60 * 10**9 and abs(max(theirs) - max(ours)) < 60 * 10**9
     assert (run_dir / "servers" / s2.address / "polls.jsonl").read_text()
+    # a lossless class on every port: one PFC process per server, each for its own ports,
+    # their totals in one pfc.jsonl and the manifest
+    ports = [json.loads(line) for line in (run_dir / "pfc.jsonl").read_text().splitlines()]
+    assert sorted(p["port"] for p in ports if p["event"] == "port") == sorted(pq.intf for pq in plan.queues)
+    assert manifest["pfc"] is not None and manifest["queues"]["pfc"]
     summary = json.loads((run_dir / "summary.json").read_text())
     checks = {ch["name"]: ch for ch in summary["fidelity"]["checks"]}
     assert checks["cluster_clock"]["ok"], checks["cluster_clock"]

@@ -150,6 +150,28 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
         # ECMP spreads the pairs over the crossing uplinks: more than one of them carried traffic
         assert sum(1 for i in after if after[i][0] > before[i][0]) > 1, (before, after)
 
+        # PFC crosses too: a pause sent out of a tunnel end here (as this server's PFC process
+        # would, for a congested queue fed from there) reaches the other server's PFC process
+        # on the far end, which pauses that port's data class, then resumes it
+        from testbed.wire import pfc
+
+        end = here.tunnels[0]
+        mac = open(f"/sys/class/net/{end.intf}/address").read().strip()
+        sock = pfc.open_socket(end.intf)
+        try:
+            sock.send(pfc.frame(mac, {pfc.LOSSLESS_PRIORITY: 0xFFFF}))
+            sock.send(pfc.frame(mac, {pfc.LOSSLESS_PRIORITY: 0}))
+        finally:
+            sock.close()
+        files = far.ask("telemetry", "telemetry", 60, "its telemetry")["files"]
+        events = [json.loads(line) for line in files["pfc"].splitlines()]
+        at_far_end = [e for e in events if e.get("port") == end.peer_intf]
+        assert [e["event"] for e in at_far_end if e["event"] in ("paused", "resumed")] == ["paused", "resumed"], events
+        (totals,) = [e for e in at_far_end if e["event"] == "port"]
+        assert totals["frames_received"] == 2, totals
+        # the other server's PFC process serves exactly its own ports
+        assert {e["port"] for e in events if e["event"] == "port"} == {pq.intf for pq in there.queues}
+
 
 @pytest.mark.datapath_independent
 def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(clean_slate, tmp_path, monkeypatch):

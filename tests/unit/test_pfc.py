@@ -145,3 +145,23 @@ def test_the_pfc_process_takes_a_link_events_rate_as_one_checked_line():
                      ("rate 100 leaf9-eth1", "not a switch port of this run: leaf9-eth1")):
         with pytest.raises(ValueError, match=why):
             parse_rate_command(bad, ports)
+
+
+def test_pfc_totals_combine_every_servers_process(tmp_path):
+    """A cluster run's pfc.jsonl holds each server's PFC process's records: ports summed,
+    XOFF decisions summed, the worst reaction times kept."""
+    from testbed.apply.pfc import totals
+
+    def port(name, sent, received, hw):
+        return {"event": "port", "port": name, "frames_sent": sent, "xoff_sent": sent // 2, "frames_received": received,
+                "paused_ns": 10 * received, "drops": 0, "headroom_high_water_bytes": hw}
+
+    lines = [port("leaf1-eth5", 4, 0, 100), {"event": "reaction", "xoff_polls": 2, "xoff_detect_max_ns": 50,
+                                             "pause_apply_max_ns": 7},
+             port("spine2-eth1", 0, 4, 0), {"event": "reaction", "xoff_polls": 0, "xoff_detect_max_ns": 0,
+                                            "pause_apply_max_ns": 90}]
+    events = tmp_path / "pfc.jsonl"
+    events.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert totals(events) == {"frames_sent": 4, "xoff_sent": 2, "frames_received": 4, "paused_ns": 40, "drops": 0,
+                              "paused_ports": ["spine2-eth1"], "headroom_high_water_bytes": 100, "xoff_polls": 2,
+                              "xoff_detect_max_ns": 50, "pause_apply_max_ns": 90}

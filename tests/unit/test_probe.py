@@ -75,3 +75,26 @@ def test_ecmp_shares_match_every_enumerated_path(ref, sets):
     assert switches == hops
     assert load.keys() == expected.keys()
     assert all(load[k] == pytest.approx(expected[k]) for k in load)
+
+
+def test_judging_the_all_pairs_check_needs_every_gpus_results_and_the_planned_hops():
+    """A cluster run gathers each server's GPUs' probe results: a GPU whose results are
+    missing fails the check by name, as does a reply that crossed the wrong number of switches."""
+    from testbed.apply import reachability
+    from testbed.config import scenario
+    from testbed.errors import RunError
+    from testbed.model import plan as planning
+
+    p = planning.build(scenario.load("leaf-spine"), "user")
+    _load, switches = p.ecmp_shares()
+    ttl = {(a.name, b.name): reachability.DEFAULT_TTL - switches[(a.name, b.name)]
+           for a in p.hosts for b in p.hosts if a is not b}
+    results = {a.name: {b.addr: ttl[(a.name, b.name)] for b in p.hosts if b is not a} for a in p.hosts}
+    assert reachability.judge(p, results, switches, 10.0) == {"pairs": 56, "failures": []}
+    with pytest.raises(RunError, match="reachability: no probe results from h5, h6"):
+        reachability.judge(p, {k: v for k, v in results.items() if k not in ("h5", "h6")}, switches, 10.0)
+    h8 = p.host("h8").addr
+    bad = {**results, "h1": {**results["h1"], h8: None}, "h2": {**results["h2"], h8: ttl[("h2", "h8")] + 1}}
+    with pytest.raises(RunError, match=r"2 of 56 GPU pairs failed: h1 -> h8 \(.*\): no reply in 10s; "
+                                       r"h2 -> h8: reply crossed 2 switches, planned 3"):
+        reachability.judge(p, bad, switches, 10.0)
