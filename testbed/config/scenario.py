@@ -11,6 +11,7 @@ problems are collected before failing.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from testbed.config import events as event_schema, jobs as job_schema, workload as traffic_schema
@@ -119,6 +120,7 @@ class Scenario:
     origins: Origins | None = field(default=None, compare=False, repr=False)  # where each value came from
     events: tuple = ()  # config.events.Event: links down and up while it trains
     jobs: tuple = ()  # config.jobs.Job: several jobs on the fabric (then ``workload`` is None)
+    cluster: tuple = ()  # servers to run across: this machine's address first (docs/cluster.md)
 
     def where(self, path: tuple) -> str:
         """``file: yaml.path`` (or ``--set ...``) of a value, for problems found after validation."""
@@ -136,7 +138,7 @@ def load(ref: str | None = None, overrides: list[str] | tuple = ()) -> Scenario:
 
 
 _SCENARIO_KEYS = ("name", "description", "topology", "fabric", "queues", "traffic", "workload", "dilation",
-                  "datapath", "seed", "report", "events", "jobs")
+                  "datapath", "seed", "report", "events", "jobs", "cluster")
 _FABRIC_KEYS = {
     "leaf-spine": ("kind", "description", "spines", "leaves", "hosts_per_leaf", "gpus_per_server",
                    "host_link", "uplinks", "nvlink", "routing"),
@@ -190,6 +192,7 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     datapath = c.choice(doc, "datapath", (), DATAPATHS, "auto")
     seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
     _validate_report(c, doc.get("report"), ("report",))
+    cluster = _validate_cluster(c, doc.get("cluster"), ("cluster",))
     events = event_schema.validate(c, doc.get("events"), ("events",))
     if events and workload is None and not jobs:
         c.problem(("events",), "events happen while the fabric trains: give the scenario a workload (traffic:)")
@@ -200,7 +203,30 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
         raise ConfigError(c.problems)
     return Scenario(name=name, description=description.strip(), source=source, topology_source=topology_source,
                     fabric=fabric, queues=queues, traffic=traffic, workload=workload, dilation=dilation, datapath=datapath,
-                    seed=seed, resolved=doc, origins=origins, events=events, jobs=jobs)
+                    seed=seed, resolved=doc, origins=origins, events=events, jobs=jobs, cluster=cluster)
+
+
+_SERVER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:_-]{0,252}")
+
+
+def _validate_cluster(c: Checker, doc, path: tuple) -> tuple:
+    """``cluster: [HERE, SERVER, ...]``: this machine's address on the servers' network, then
+    each other server (an ssh target: a host name or address); ``run --cluster`` overrides it."""
+    if doc is None:
+        return ()
+    if not isinstance(doc, list) or len(doc) < 2:
+        c.problem(path, f"expected a list of at least two servers (this machine's address first, then each other "
+                        f"server), got {_show(doc)}")
+        return ()
+    out = []
+    for i, server in enumerate(doc):
+        if not isinstance(server, str) or not _SERVER_RE.fullmatch(server):
+            c.problem((*path, i), f"expected a host name or address, got {_show(server)}")
+        elif server in out:
+            c.problem((*path, i), f"{server} is listed twice; each server runs its share once")
+        else:
+            out.append(server)
+    return tuple(out)
 
 
 def _validate_report(c: Checker, doc, path: tuple):

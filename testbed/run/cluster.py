@@ -97,25 +97,25 @@ def unsupported(plan, options) -> list:
     return out
 
 
-def layout(plan, text: str, options) -> Layout:
-    """``--cluster HERE,SERVER,...`` checked against the plan and this machine: ConfigError
-    naming what is wrong."""
-    machines = placing.parse_machines(text)
+def layout(plan, text: str, options, where: str = "--cluster") -> Layout:
+    """``--cluster HERE,SERVER,...`` (or the scenario's ``cluster:``) checked against the
+    plan and this machine: ConfigError naming what is wrong."""
+    machines = placing.parse_machines(text, where)
     if len(machines) < 2:
-        raise ConfigError(f"--cluster: {text!r} lists one server; a cluster run needs this machine's address and "
+        raise ConfigError(f"{where}: {text!r} lists one server; a cluster run needs this machine's address and "
                           f"at least one other server")
-    underlay = {m: underlay_address(m) for m in machines}
+    underlay = {m: underlay_address(m, where) for m in machines}
     mine = local_addresses()
     if underlay[machines[0]] not in mine or underlay[machines[0]].startswith("127."):
-        raise ConfigError(f"--cluster: the first server must be this machine's address on the servers' network "
+        raise ConfigError(f"{where}: the first server must be this machine's address on the servers' network "
                           f"(the controller listens there and tunnels end there), got {machines[0]!r}; this "
                           f"machine has {', '.join(sorted(a for a in mine if not a.startswith('127.'))) or 'none'}")
     mixed = [m for m in machines[1:] if underlay[m] in mine]
     if mixed:
-        raise ConfigError(f"--cluster: {mixed[0]!r} is this machine; list every other server once")
+        raise ConfigError(f"{where}: {mixed[0]!r} is this machine; list every other server once")
     blocked = unsupported(plan, options)
     if blocked:
-        raise ConfigError("--cluster: not built for a cluster run yet: " + "; ".join(blocked))
+        raise ConfigError(f"{where}: not built for a cluster run yet: " + "; ".join(blocked))
     return Layout(machines=machines, underlay=underlay, placement=placing.place(plan, machines))
 
 

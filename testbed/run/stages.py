@@ -129,10 +129,12 @@ class Run:
         from testbed.apply.capture import parse_ports
 
         self.pcap_ports = parse_ports(opts.pcap, self.plan) if opts.pcap else []
-        if opts.cluster:
+        servers = opts.cluster or ",".join(sc.cluster)  # --cluster over the scenario's cluster:
+        if servers:
             from testbed.run import cluster as coordinating
 
-            self.layout = coordinating.layout(self.plan, opts.cluster, opts)
+            self.layout = coordinating.layout(self.plan, servers, opts,
+                                              "--cluster" if opts.cluster else sc.where(("cluster",)))
             self.here = self.layout.shares(self.plan)[0]
         self.run_id, self.run_dir = new_run_dir(opts.results_dir, sc.name)
         (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(sc.resolved, sort_keys=False))

@@ -29,20 +29,21 @@ def test_run_across_two_servers_trains_and_gathers_one_results_folder(clean_slat
     from testbed.model import plan as planning
 
     source = tmp_path / "leaf-spine-dp.yaml"
-    source.write_text((ROOT / "scenarios" / "leaf-spine.yaml").read_text() + "traffic: dp-ring\n")
     sets = ["--set", "workload.iterations=1", "--set", "workload.collective.bytes=256KB"]
     with LocalServer(tmp_path, 2) as s2:
         for argv in (["ip", "link", "set", "dev", s2.root_intf, "mtu", "9000"],
                      s2.inside("ip", "link", "set", "dev", "eth0", "mtu", "9000")):
             subprocess.run(argv, check=True, timeout=30)
-        cluster_arg = f"{s2.root_address},{s2.address}"
-        # bad input: this machine must come first, by an address it has
+        # the servers in the scenario (cluster:), as a user keeps them with the fabric
+        source.write_text((ROOT / "scenarios" / "leaf-spine.yaml").read_text() + "traffic: dp-ring\n"
+                          f"cluster: [{s2.root_address}, {s2.address}]\n")
+        # bad input: this machine must come first, by an address it has (--cluster overrides cluster:)
         done = run_testbed(s2, "run", str(source), *sets, "--cluster", f"{s2.address},{s2.root_address}",
-                       "--results", str(tmp_path / "refused"))
+                           "--results", str(tmp_path / "refused"))
         assert done.returncode == 2 and "--cluster: the first server must be this machine's address" in done.stderr, (
             done.stderr)
         assert "Traceback" not in done.stderr and not (tmp_path / "refused").exists()
-        done = run_testbed(s2, "run", str(source), *sets, "--cluster", cluster_arg, "--results", str(tmp_path / "res"))
+        done = run_testbed(s2, "run", str(source), *sets, "--results", str(tmp_path / "res"))
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
         left = subprocess.run(s2.inside("ovs-vsctl", "list-br"), capture_output=True, text=True, timeout=30,
                               check=True).stdout

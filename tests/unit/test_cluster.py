@@ -227,3 +227,28 @@ def test_crossing_bytes_are_the_sends_whose_peer_is_on_another_server(tmp_path):
     # without a workload nothing crosses; on one machine nothing crosses
     assert cluster.crossing_bytes(build("leaf-spine"), cluster.place(build("leaf-spine"), ("a", "b"))) == {}
     assert cluster.crossing_bytes(p, cluster.place(p, ("a",))) == {}
+
+
+def test_a_cluster_run_checks_its_servers_before_anything_is_built(tmp_path):
+    """``run --cluster`` (or ``cluster:``): at least two servers, this machine's address
+    first (never loopback), no server twice, and what does not cross servers yet refused,
+    each naming where the list came from."""
+    from types import SimpleNamespace
+
+    from testbed.run import cluster as coordinating
+
+    p = build("leaf-spine")
+    opts = SimpleNamespace(pcap="", cli=False, isolate_baseline=False)
+    with pytest.raises(ConfigError, match=r"f.yaml: cluster: '10.0.0.1' lists one server"):
+        coordinating.layout(p, "10.0.0.1", opts, "f.yaml: cluster")
+    with pytest.raises(ConfigError, match=r"--cluster: the first server must be this machine's address .* got "
+                                          r"'127.0.0.1'"):
+        coordinating.layout(p, "127.0.0.1,192.0.2.7", opts)
+    with pytest.raises(ConfigError, match=r"--cluster: the first server must be this machine's address .* got "
+                                          r"'192.0.2.7'"):
+        coordinating.layout(p, "192.0.2.7,192.0.2.8", opts)  # TEST-NET-1: never this machine's
+    with pytest.raises(ConfigError, match=r"--cluster: server 'no-such-host\.invalid' does not resolve to an IPv4 "):
+        coordinating.layout(p, "192.0.2.7,no-such-host.invalid", opts)
+    refused = coordinating.unsupported(build("leaf-spine", "fabric.routing=adaptive"),
+                                       SimpleNamespace(pcap="leaf1-eth1", cli=True, isolate_baseline=True))
+    assert [r.split(":")[0] for r in refused] == ["routing", "--pcap", "--cli", "--isolate-baseline"]
