@@ -14,7 +14,8 @@ emulation kept up with the time dilation it was given:
   saturated (p95 of its CPU use in cores);
 - ``telemetry``: the collector missed no poll;
 
-  these three judge the polls of the training (from the first op ready to the last op
+  these three judge each server of a cluster run (its own polls: its CPUs, its
+  ovs-vswitchd, its share's collector) and report the worst; they judge the polls of the training (from the first op ready to the last op
   ended) when the run trained, the whole run otherwise: bring-up, the all-pairs check (every
   GPU starting a probe process at once) and teardown load the host but time nothing a
   trained run reports;
@@ -38,6 +39,8 @@ Pure: reads a ``results.Results``.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from testbed import units
 from testbed.model import cluster, queues
@@ -231,8 +234,27 @@ def cluster_clock(r) -> dict | None:
                   share / LIMITS["cluster_clock"], f"{len(clocks)} other servers")
 
 
-CHECKS = (dequeue_rate, agent_pacing, timer_lateness, host_cpu, ovs_cpu, telemetry_loss, reordering, pfc_reaction,
-          cluster_clock)
+def each_server(check):
+    """``check`` on this machine's polls and on each other server's of a cluster run; the
+    failed one (else the highest value), its cause and detail naming the server."""
+
+    def judged(r):
+        hosts = [("this machine", r.polls), *sorted(r.server_polls.items())]
+        done = [(name, c) for name, c in ((n, check(replace(r, polls=p))) for n, p in hosts) if c is not None]
+        if not done:
+            return None
+        if not r.server_polls:
+            return done[0][1]
+        name, worst = max(done, key=lambda nc: (not nc[1]["ok"], nc[1]["_factor"] or 0, nc[1]["value"]))
+        return {**worst, "cause": f"{name}: {worst['cause']}" if worst["cause"] else "",
+                "detail": "; ".join(x for x in (name, worst["detail"]) if x)}
+
+    judged.__name__ = check.__name__
+    return judged
+
+
+CHECKS = (dequeue_rate, agent_pacing, timer_lateness, each_server(host_cpu), each_server(ovs_cpu),
+          each_server(telemetry_loss), reordering, pfc_reaction, cluster_clock)
 
 
 def check(r) -> dict:

@@ -39,6 +39,7 @@ class Results:
     queues: pd.DataFrame = field(default_factory=pd.DataFrame)
     ecn: pd.DataFrame = field(default_factory=pd.DataFrame)
     polls: pd.DataFrame = field(default_factory=pd.DataFrame)
+    server_polls: dict = field(default_factory=dict)  # a cluster run's other servers: {server: polls}
     plan: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
@@ -106,6 +107,8 @@ def load(run_dir) -> Results:
     return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, nics=nics, rates=rates, pauses=pauses, ports=ports,
                    queues=_queues(run_dir, d, t0, plan), ecn=_ecn(run_dir, d, t0, plan),
                    polls=_timed_file(run_dir / "polls.jsonl", d, t0), plan=plan,
+                   server_polls={p.parent.name: _timed_file(p, d, t0)
+                                 for p in sorted((run_dir / "servers").glob("*/polls.jsonl"))},
                    iterations=pd.DataFrame(summary.get("iterations", [])),
                    collectives=pd.DataFrame(summary.get("collectives", [])), pfc_events=pfc_events,
                    pfc_ports=pfc_ports, extra={"transport": summary.get("transport", {}),

@@ -335,3 +335,22 @@ def test_fidelity_fails_a_cluster_run_whose_clock_error_outgrows_a_tenth_of_an_m
     assert not by["cluster_clock"]["ok"] and by["cluster_clock"]["value"] == 3.0
     assert "the clock offset of c is known to" in by["cluster_clock"]["cause"] and f["verdict"] == "not trusted"
     assert f["suggested_dilation"] >= 3 * D
+
+
+def test_fidelity_judges_every_servers_polls_of_a_cluster_run(run_dir):
+    """The host, OVS and telemetry checks judge each server's own polls (a cluster run keeps
+    the others' in servers/SERVER/polls.jsonl); a saturated other server fails the run by name."""
+    during = [(40_000 * D, 0.5), (80_000 * D, 0.5), (120_000 * D, 0.5)]
+    write(run_dir / "polls.jsonl", polls(during, ovs_cores=0.2))
+    by = {c["name"]: c for c in fidelity.check(results.load(run_dir))["checks"]}
+    assert by["host_cpu"]["ok"] and "this machine" not in by["host_cpu"]["detail"]  # one machine: as before
+    (run_dir / "servers" / "10.0.0.2").mkdir(parents=True)
+    write(run_dir / "servers" / "10.0.0.2" / "polls.jsonl", polls(during, ovs_cores=0.3, skipped=2))
+    by = {c["name"]: c for c in fidelity.check(results.load(run_dir))["checks"]}
+    assert by["host_cpu"]["ok"] and by["ovs_cpu"]["value"] == 0.3 and by["ovs_cpu"]["detail"] == "10.0.0.2"
+    assert not by["telemetry"]["ok"] and by["telemetry"]["cause"].startswith("10.0.0.2: the collector skipped 2 polls")
+    write(run_dir / "servers" / "10.0.0.2" / "polls.jsonl", polls([(t, 1.0) for t, _ in during], ovs_cores=0.3))
+    f = fidelity.check(results.load(run_dir))
+    by = {c["name"]: c for c in f["checks"]}
+    assert not by["host_cpu"]["ok"] and by["host_cpu"]["cause"].startswith("10.0.0.2: every CPU core was busy")
+    assert f["verdict"] == "not trusted" and "10.0.0.2: every CPU core was busy" in f["text"]
