@@ -196,6 +196,7 @@ def train_across(agents, far: list, records_dir: Path, timeout_s: float, progres
     for f in far:
         shift = clocks[f.server]["offset_ns"]
         f.send(f"train {start_ns + shift} {deadline_ns + shift} {hang_s}")
+    LOG.info("training on %d servers from one start; the progress below counts this server's GPUs", len(far) + 1)
     agents.start(start_ns, deadline_ns)
     agents.wait_done(time.monotonic() + hang_s, progress)
     for f in far:

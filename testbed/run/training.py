@@ -44,7 +44,8 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
                          "iteration (%.1fs emulated in all)", len(tp.ranks), wl.data, wl.pipeline, wl.tensor,
                          tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
                          units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
-            progress = Progress(tp.ops, records_dir, tp.iterations)
+            # a cluster run: this server's GPUs (the others' records arrive when they are done)
+            progress = Progress({g: ops for g, ops in tp.ops.items() if fab.has_host(g)}, records_dir, tp.iterations)
             timeout_s = max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s)
             if far:
                 from testbed.run.cluster import train_across
