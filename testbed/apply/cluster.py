@@ -247,9 +247,14 @@ class RemoteShare:
             session.proc.stdin.close()  # the share tears down and answers "down"
         except OSError:
             pass
-        line = session.line(time.monotonic() + SHARE_DOWN_TIMEOUT_S)
+        # answers to a command still in flight (a failed run's) come first: read to "down"
+        deadline, answer = time.monotonic() + SHARE_DOWN_TIMEOUT_S, {}
+        while answer.get("event") != "down":
+            line = session.line(deadline)
+            if line is None:
+                break
+            answer = json.loads(line) if line.startswith("{") else {"error": line}
         err = self._end()
-        answer = json.loads(line) if line else {}
         if answer.get("event") != "down" and exc[0] is None:
             from testbed.errors import RunError
 

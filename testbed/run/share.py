@@ -23,7 +23,8 @@ It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "
 - ``train START_NS DEADLINE_NS HANG_S``: hands them the start time and deadline (this
   machine's clock: the coordinator shifted its own by the measured offset), answers
   ``{"event": "trained"}`` when every one has finished its ops (they linger, answering
-  their peers on the other servers, until ``records``);
+  their peers on the other servers, until ``records``); the end of stdin while it waits
+  ends the wait (``CoordinatorWatch``);
 - ``records``: ends the agents and answers ``{"event": "records", "files": {NAME: TEXT}}``,
   their records as written here (in this machine's clock);
 - ``telemetry``: one last poll, then ends the collector of its ports' queues (started with
@@ -179,6 +180,20 @@ class QueueCollector:
         return False
 
 
+class CoordinatorWatch:
+    """Called about twice a second while this share's agents train: a coordinator that
+    closed the session (it failed, or its ssh died) ends the wait at once, so the share
+    tears down now rather than at the training's hang deadline. Only the end of stdin is
+    looked at (``peek``): the coordinator sends no command while it waits for ``trained``."""
+
+    def tick(self):
+        import select
+
+        readable, _, _ = select.select([sys.stdin.buffer], [], [], 0)
+        if readable and sys.stdin.buffer.peek(1) == b"":
+            raise TestbedError("the coordinator closed the session while this share trained")
+
+
 class Commands:
     """The coordinator's commands once the share is up (the module docstring lists them)."""
 
@@ -215,7 +230,7 @@ class Commands:
                 elif word == "train" and len(args) == 3 and self.agents is not None:
                     start_ns, deadline_ns, hang_s = int(args[0]), int(args[1]), float(args[2])
                     self.agents.start(start_ns, deadline_ns)
-                    self.agents.wait_done(time.monotonic() + hang_s)
+                    self.agents.wait_done(time.monotonic() + hang_s, CoordinatorWatch())
                     _say("trained")
                 elif word == "records":
                     self.agents_stack.close()

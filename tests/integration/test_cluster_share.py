@@ -287,3 +287,37 @@ def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_t
     tx = sum(after[i][0] - before[i][0] for i in after)
     rx = sum(after[i][1] - before[i][1] for i in after)
     assert (tx, rx) == (sent_across("a"), sent_across("b")), (before, after)
+
+
+@pytest.mark.datapath_independent
+def test_a_share_whose_coordinator_goes_away_mid_training_tears_down_at_once(clean_slate, tmp_path, monkeypatch):
+    """The other server's GPUs train (their peers here never answer: no agents run here)
+    when the coordinator closes the session: the share ends the wait for its agents and tears
+    down within seconds, not at the training's hang deadline (minutes)."""
+    import time
+
+    from testbed.apply import cluster as remote
+    from testbed.config import scenario as scenarios
+    from testbed.model import plan as planning
+
+    source = tmp_path / "leaf-spine-dp.yaml"
+    source.write_text((ROOT / "scenarios" / "leaf-spine.yaml").read_text() + "traffic: dp-ring\n")
+    sc = scenarios.load(str(source), ["workload.iterations=1"])
+    plan = planning.build(sc, "user")
+    with LocalServer(tmp_path, 2) as s2:
+        monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
+        request = share_request(sc, plan, f"gone-{tmp_path.name[-16:]}", s2, 6653)
+        with remote.RemoteShare(s2.address, request) as far:
+            offset_ns, _error_ns = far.clock_offset()
+            far.ask("agents", "agents", 120, "its agents")
+            start_ns = time.monotonic_ns() + int(offset_ns) + 10**9
+            hang_s = 600  # the hang deadline the share would otherwise wait out
+            # the share reads this line before the end of its stdin: it is waiting for its
+            # agents (for up to hang_s) when the session closes below
+            far.send(f"train {start_ns} {start_ns + hang_s * 10**9} {hang_s}")
+            t0 = time.monotonic()
+        # RemoteShare's exit closed the session and got "down" (else it raised)
+        assert time.monotonic() - t0 < 30
+        left = subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, "ovs-vsctl", "list-br"],
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+        assert left == ""
