@@ -22,7 +22,10 @@ READY_TIMEOUT_S = 20
 
 
 def _run(argv):
-    return subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S, check=True)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+    if done.returncode:
+        raise RunError(f"{' '.join(argv)}: exit status {done.returncode}: {(done.stderr or done.stdout).strip()}")
+    return done
 
 
 def _wait(what: str, ready, timeout_s: float = READY_TIMEOUT_S):
