@@ -151,6 +151,16 @@ class _Session:
         after = time.monotonic_ns()
         return ClockSample(before, int(answer.split()[0]), after) if answer else None
 
+    def clock_samples(self, deadline: float) -> list:
+        """Up to CLOCK_SAMPLES clock reads, fewer if one goes unanswered by ``deadline``."""
+        samples = []
+        for _ in range(CLOCK_SAMPLES):
+            s = self.clock(deadline)
+            if s is None:
+                break
+            samples.append(s)
+        return samples
+
     def close(self, timeout_s: float = SSH_CONNECT_TIMEOUT_S) -> str:
         """Ends the session; returns what ssh or the probe said on stderr."""
         try:
@@ -208,9 +218,8 @@ class RemoteShare:
         local + offset), from CLOCK_SAMPLES reads over the share's session (best_offset)."""
         from testbed.errors import RunError
 
-        deadline = time.monotonic() + PROBE_TIMEOUT_S
-        samples = [self.session.clock(deadline) for _ in range(CLOCK_SAMPLES)]
-        if None in samples:
+        samples = self.session.clock_samples(time.monotonic() + PROBE_TIMEOUT_S)
+        if len(samples) < CLOCK_SAMPLES:
             raise RunError(f"{self.server}: its share did not answer a clock read within {PROBE_TIMEOUT_S} s")
         return best_offset(samples)
 
@@ -287,13 +296,7 @@ def check_server(server: str, local_digest: str) -> list[Check]:
         deadline = time.monotonic() + PROBE_TIMEOUT_S
         first = session.line(deadline)
         report = json.loads(first) if first and first.startswith("{") else None
-        samples = []
-        if report is not None:
-            for _ in range(CLOCK_SAMPLES):
-                s = session.clock(deadline)
-                if s is None:
-                    break
-                samples.append(s)
+        samples = session.clock_samples(deadline) if report is not None else []
     finally:
         err = session.close()
     name = f"{server}:"

@@ -125,16 +125,15 @@ def bring_up_others(stack, layout: Layout, run_dir: Path, scenario, plan, manife
     their clocks measured into ``manifest.cluster``; on the way down, each share's queue
     telemetry is gathered first (kept when the run failed: the data so far)."""
     from testbed.apply.cluster import RemoteShare
-    from testbed.run.share import plan_digest
+    from testbed.run.share import make_request
 
-    digest = plan_digest(plan.to_dict())
     far = []
     for server in layout.others:
-        request = {"run_id": manifest.run_id, "scenario": scenario.resolved, "datapath": manifest.datapath,
-                   "link_delay": manifest.link_delay_emulated, "telemetry_interval_real_ns": telemetry_interval_real_ns,
-                   "plan_digest": digest, "machines": list(layout.machines), "machine": server,
-                   "underlay": layout.underlay, "controller_address": layout.underlay[layout.here],
-                   "controller_port": controller_port}
+        request = make_request(run_id=manifest.run_id, scenario=scenario.resolved, plan=plan,
+                               datapath=manifest.datapath, link_delay=manifest.link_delay_emulated,
+                               telemetry_interval_real_ns=telemetry_interval_real_ns, machines=layout.machines,
+                               machine=server, underlay=layout.underlay,
+                               controller_address=layout.underlay[layout.here], controller_port=controller_port)
         far.append(stack.enter_context(RemoteShare(server, request)))
         LOG.info("%s: its share is up (%d switches, %d GPUs, %d tunnel ends)", server, len(far[-1].ready["switches"]),
                  len(far[-1].ready["hosts"]), len(far[-1].ready["tunnels"]))

@@ -57,6 +57,17 @@ def plan_digest(plan_dict: dict) -> str:
     return hashlib.sha256(json.dumps(plan_dict, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def make_request(*, run_id: str, scenario: dict, plan, datapath: str, link_delay: bool,
+                 telemetry_interval_real_ns: int, machines, machine: str, underlay: dict, controller_address: str,
+                 controller_port: int) -> dict:
+    """The request line the coordinator sends server ``machine`` (the module docstring):
+    ``scenario`` as resolved, and the digest of ``plan`` it must plan identically."""
+    return {"run_id": run_id, "scenario": scenario, "datapath": datapath, "link_delay": link_delay,
+            "telemetry_interval_real_ns": telemetry_interval_real_ns, "plan_digest": plan_digest(plan.to_dict()),
+            "machines": list(machines), "machine": machine, "underlay": underlay,
+            "controller_address": controller_address, "controller_port": controller_port}
+
+
 def _say(event: str, **fields):
     sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
     sys.stdout.flush()

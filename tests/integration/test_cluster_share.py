@@ -30,13 +30,12 @@ def tunnel_packets(intf: str) -> tuple[int, int]:
 def share_request(sc, plan, run_id: str, s2, controller_port: int) -> dict:
     """What the coordinator sends server b (run/share.py): a is this machine."""
     from testbed.model import plan as planning
-    from testbed.run.share import plan_digest
+    from testbed.run.share import make_request
 
-    return {"run_id": run_id, "scenario": sc.resolved, "datapath": "user", "link_delay": False,
-            "telemetry_interval_real_ns": planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS,
-            "plan_digest": plan_digest(plan.to_dict()), "machines": ["a", "b"], "machine": "b",
-            "underlay": {"a": s2.root_address, "b": s2.address}, "controller_address": s2.root_address,
-            "controller_port": controller_port}
+    return make_request(run_id=run_id, scenario=sc.resolved, plan=plan, datapath="user", link_delay=False,
+                        telemetry_interval_real_ns=planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS, machines=("a", "b"),
+                        machine="b", underlay={"a": s2.root_address, "b": s2.address},
+                        controller_address=s2.root_address, controller_port=controller_port)
 
 
 class TwoServers:
