@@ -139,10 +139,16 @@ def _per_port_file(path: Path, dilation: float, t0) -> pd.DataFrame:
 
 
 def _ports(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
+    """Per-interval rates from the switches' own counter times (``duration_ns``: when the
+    switch read the counters, to its clock's millisecond) where the run recorded them; the
+    controller's receive times (``t_ns``) otherwise (older runs), which can make a port look
+    faster than its wire when one reply is handled later than the one before."""
     df = _per_port_file(run_dir / "ports.jsonl", dilation, t0)
     if df.empty:
         return df
-    dt_real_s = df.groupby("intf").t_ns.diff() / dilation / 1e9
+    clock = "duration_ns" if "duration_ns" in df and df.duration_ns.notna().all() else "t_ns"
+    dt = df.groupby("intf")[clock].diff()
+    dt_real_s = dt.where(dt > 0) / dilation / 1e9  # a port added again restarts its duration
     for way in ("tx", "rx"):
         df[f"{way}_bps"] = df.groupby("intf")[f"{way}_bytes"].diff() * 8 / dt_real_s
     rates = {q["intf"]: q["rate_bps"] for q in plan.get("queues", [])}

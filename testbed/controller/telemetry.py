@@ -1,7 +1,11 @@
 """Telemetry decisions and record formats, pure. Every ``interval`` the controller writes,
 into the run folder as JSON lines:
 
-- ``ports.jsonl``: every switch's OpenFlow port counters, one record per port;
+- ``ports.jsonl``: every switch's OpenFlow port counters, one record per port, with
+  ``duration_ns``: the switch's own clock when it read them (OpenFlow's port-stats
+  duration, the time since the port was added; OVS counts it in milliseconds). Rates are
+  counter deltas over these times, not over when the reply reached the controller (a reply
+  handled late made a 400G port look like 424G);
 - ``ecn.jsonl``: per-link ECN codepoint counters (the table-0 counting flows of
   ``routing``), one record per (switch port the packets arrived on, codepoint);
 - ``queues.jsonl``: every switch port's egress queue: the marker's counters (packets,
@@ -54,12 +58,13 @@ class Poller:
 
 def port_records(now_ns: int, switch: str, stats) -> list:
     """One record per fabric port from an OpenFlow port-stats reply body (objects with
-    ``port_no`` and the counters, as os-ken parses them)."""
+    ``port_no``, ``duration_sec``/``duration_nsec`` and the counters, as os-ken parses them)."""
     out = []
     for s in stats:
         if s.port_no >= LOCAL_PORT or s.tx_bytes == UNAVAILABLE or s.rx_bytes == UNAVAILABLE:
             continue
-        rec = {"t_ns": now_ns, "switch": switch, "port": s.port_no, "intf": f"{switch}-eth{s.port_no}"}
+        rec = {"t_ns": now_ns, "switch": switch, "port": s.port_no, "intf": f"{switch}-eth{s.port_no}",
+               "duration_ns": s.duration_sec * 1_000_000_000 + s.duration_nsec}
         rec.update({c: getattr(s, c) for c in COUNTERS})
         out.append(rec)
     return out

@@ -39,6 +39,27 @@ def port_packets(switch: str, port: int, direction: str = "tx") -> int:
     return int(re.search(direction + r" pkts=(\d+)", out).group(1))
 
 
+OVS_COUNTER_TICK_NS = 1_000_000  # OVS reports a port's duration in whole milliseconds
+
+
+def assert_no_port_faster_than_its_wire(run_dir):
+    """Every poll interval of every switch port: no more bytes sent than its rate allows over
+    the switch's own counter times, plus the shaper's bucket (a TBF sends what it saved at
+    once) and one tick of the switch's counter clock; and the frames' rates agree."""
+    plan = {q["intf"]: q for q in json.loads((run_dir / "plan.json").read_text())["queues"]}
+    ports = results.load(run_dir).ports
+    ports = ports[ports.intf.isin(plan)].copy()
+    assert "duration_ns" in ports and ports.duration_ns.notna().all()
+    for intf, g in ports.sort_values("duration_ns").groupby("intf"):
+        q = plan[intf]
+        sent = g.tx_bytes.diff().iloc[1:]
+        allowed = q["emulated_rate_bps"] * (g.duration_ns.diff().iloc[1:] + OVS_COUNTER_TICK_NS) / 8e9
+        over = sent - allowed - q["burst_bytes"]
+        assert (over <= 0).all(), (intf, over.max(), q["rate_bps"])
+        bound = 1 + (q["burst_bytes"] * 8 / q["emulated_rate_bps"] * 1e9 + OVS_COUNTER_TICK_NS) / g.duration_ns.diff()
+        assert (g.tx_bps.iloc[1:] / q["rate_bps"] <= bound.iloc[1:]).all(), intf
+
+
 def test_ring_allreduce_on_a_non_blocking_fabric_runs_at_line_rate(tmp_path, clean_slate):
     """The default scenario (8 GPUs, rail fabric, rail-aware ring): every AllReduce within 5 %
     of the analytical ideal, bus bandwidth >= 95 % of the link, no loss, and every GPU's
@@ -70,6 +91,7 @@ def test_ring_allreduce_on_a_non_blocking_fabric_runs_at_line_rate(tmp_path, cle
     peak = gpu_ports.groupby("intf").tx_utilisation.max()
     assert len(peak) == 8 and peak.min() > 0.9 and peak.max() < 1.1, peak
     assert (gpu_ports.tx_utilisation < 0.05).sum() > 0  # compute phases: the ports idle
+    assert_no_port_faster_than_its_wire(result.run_dir)
 
 
 def test_rail_32_trains_every_byte_at_its_automatic_dilation(tmp_path, clean_slate):
@@ -155,6 +177,8 @@ def test_pfc_makes_the_congested_fabric_lossless(tmp_path, clean_slate):
     s = json.loads((result.run_dir / "summary.json").read_text())
     assert s["pfc"]["xoff_frames"] == p["xoff_sent"] and s["pfc"]["pause_frames"] == p["frames_sent"]
     assert s["drops"]["packets"] == 0 and s["drops"]["offered_packets"] > 0
+    # the congested uplinks ran at their rate and no faster, by the switches' own clocks
+    assert_no_port_faster_than_its_wire(result.run_dir)
 
 
 @pytest.mark.parametrize("sets", [

@@ -42,3 +42,19 @@ def test_load_builds_frames_with_real_time_columns(tmp_path):
 def test_not_a_run_folder(tmp_path):
     with pytest.raises(errors.TestbedError, match="not a run folder"):
         results.load(tmp_path)
+
+
+def test_port_rates_use_the_switch_counter_times_not_the_reply_times(tmp_path):
+    """A 400G port (8 Mbit/s at D = 50000) sending 500 KB every 0.5 s: the controller handled
+    the second reply 30 ms late and the third on time, so by its receive times the port sent
+    at 375G, then 428G, faster than its wire. The switch's own counter times say 400G both."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"run_id": "x", "dilation": 50000, "status": "ok"}))
+    (tmp_path / "plan.json").write_text(json.dumps({"queues": [{"intf": "leaf1-eth1", "rate_bps": 400e9}]}))
+    rows = [{"t_ns": t, "duration_ns": d, "switch": "leaf1", "port": 1, "intf": "leaf1-eth1", "tx_bytes": b,
+             "rx_bytes": 0} for t, d, b in ((0, 10**9, 0), (530_000_000, 1_500_000_000, 500_000),
+                                            (1_000_000_000, 2_000_000_000, 1_000_000))]
+    write(tmp_path / "ports.jsonl", rows)
+    assert results.load(tmp_path).ports.tx_bps.dropna().round(-6).tolist() == [400e9, 400e9]
+    write(tmp_path / "ports.jsonl", [{k: v for k, v in r.items() if k != "duration_ns"} for r in rows])
+    by_reply = results.load(tmp_path).ports.tx_bps.dropna().round(-9).tolist()  # a run from before the fix
+    assert by_reply == [377e9, 426e9]

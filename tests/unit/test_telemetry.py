@@ -15,11 +15,12 @@ def test_poller_is_due_on_schedule_and_skips_missed_polls():
 
 def test_port_records_skip_the_bridge_port_and_unreadable_counters():
     def stats(port, value):
-        return SimpleNamespace(port_no=port, **{c: value for c in telemetry.COUNTERS})
+        return SimpleNamespace(port_no=port, duration_sec=3, duration_nsec=250_000_000,
+                               **{c: value for c in telemetry.COUNTERS})
 
     recs = telemetry.port_records(7, "leaf1", [stats(1, 10), stats(telemetry.LOCAL_PORT, 5),
                                               stats(2, telemetry.UNAVAILABLE)])
-    assert recs == [{"t_ns": 7, "switch": "leaf1", "port": 1, "intf": "leaf1-eth1",
+    assert recs == [{"t_ns": 7, "switch": "leaf1", "port": 1, "intf": "leaf1-eth1", "duration_ns": 3_250_000_000,
                      **{c: 10 for c in telemetry.COUNTERS}}]
 
 
