@@ -3,16 +3,37 @@ one server, started by the run in the first GPU's namespace. Opens each GPU's so
 that GPU's namespace (the one of process PID, its Mininet host), prints ``ready``, reads
 the shared start time and deadline from stdin, runs every GPU's ops in one event loop
 (``server.serve``), prints ``done``, and answers its peers until the run closes stdin
-(closed earlier, during the ops: it stops). Each GPU's records go to RECORDS_DIR/GPU.jsonl."""
+(closed earlier, during the ops: it stops). Each GPU's records go to RECORDS_DIR/GPU.jsonl.
+Why it stopped early (the run closed stdin, its deadline passed, SIGTERM) goes to stderr,
+which the run keeps in its folder."""
 
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 from testbed.agent import netns, server
 from testbed.agent.config import from_plan
 from testbed.agent.runner import Agent
+
+
+STOPPED = {3: "stopped: the run closed our stdin", 4: "stopped: the run's deadline passed"}
+
+
+class Terminated(Exception):
+    """SIGTERM: end the ops, write what we have, say so."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def _say(why: str, agents: list, total: int):
+    left = sum(getattr(a, "remaining", len(a.ops)) for a in agents)  # before prepare: none started
+    print(f"agents {', '.join(a.name for a in agents)}: {why}, {total - left} of {total} ops done", file=sys.stderr,
+          flush=True)
 
 
 def main(argv=None) -> int:
@@ -36,12 +57,19 @@ def main(argv=None) -> int:
     if not line.strip():
         return 3  # the run went away before starting us
     start_ns, deadline_ns = (int(x) for x in line.split())
+    signal.signal(signal.SIGTERM, _terminated)
+    total = sum(len(a.ops) for a in agents)
     try:
         rc = server.serve(agents, start_ns, deadline_ns, control=sys.stdin)
         if rc == 0:
             print("done", flush=True)
             server.linger(agents, sys.stdin)
+        elif rc in STOPPED:
+            _say(f"{STOPPED[rc]} {(time.monotonic_ns() - start_ns) / 1e9:.1f}s after the start", agents, total)
         return rc
+    except Terminated:
+        _say(f"ended by SIGTERM {(time.monotonic_ns() - start_ns) / 1e9:.1f}s after the start", agents, total)
+        return 128 + signal.SIGTERM
     finally:
         for a in agents:
             a.report()

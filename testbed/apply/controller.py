@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from testbed.jsonlines import read_events
-from testbed.apply.process import Child, listening, wait_for
+from testbed.apply.process import Child, exit_status, listening, wait_for
 from testbed.errors import RunError
 
 STOP_GRACE_S = 5.0
@@ -69,12 +69,9 @@ class Controller:
             return
         fatal = [e for e in read_events(self.events_path) if e.get("event") == "fatal"]
         if fatal:
-            reason = f"{fatal[-1]['error']} (in {fatal[-1]['handler']})"
-        else:
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-5:]
-            reason = "; ".join(tail) or "no output"
-        raise RunError(f"the controller exited with status {self.child.proc.returncode}: {reason} "
-                       f"(see {self.log_path})")
+            raise RunError(f"the controller ended ({exit_status(self.child.proc.returncode)}): {fatal[-1]['error']} "
+                           f"(in {fatal[-1]['handler']}); see {self.log_path}")
+        raise RunError(f"the controller ended ({self.child.last_words()})")
 
     def wait_listening(self, timeout_s: float):
         def ready():

@@ -322,8 +322,7 @@ class PfcDaemon:
 
     def check_alive(self):
         if not self.child.alive():
-            raise RunError(f"the PFC process exited with code {self.child.proc.returncode} "
-                           f"(see {self.run_dir / 'pfcd.log'})")
+            raise RunError(f"the PFC process ended ({self.child.last_words()})")
 
     def __exit__(self, *exc):
         self.child.close_stdin()

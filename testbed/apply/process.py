@@ -5,7 +5,8 @@ A ``Child`` is started from an argv (its configuration is a file named on the co
 line), may print a ready line, may be handed a start line on stdin, and is stopped by
 closing its stdin (its signal to finish), then by PID at a deadline. It is started with
 a parent-death signal (SIGTERM when the run's process dies, even by SIGKILL), so no child
-outlives the run.
+outlives the run. A child that ends without its answer is reported with how it ended
+(exit status or signal) and the last lines of its stderr, which a run keeps in its folder.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from testbed.paths import ROOT
 
 LOG = logging.getLogger(__name__)
 POLL_S = 0.05
+EXIT_WAIT_S = 5  # after its stdout closed, how long a child may take to exit before we report it
+LAST_WORDS_LINES = 5
 PR_SET_PDEATHSIG = 1
 
 
@@ -38,6 +41,25 @@ def wait_for(condition, timeout_s: float, what: str, poll_s: float = POLL_S):
         if time.monotonic() > deadline:
             raise RunError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def exit_status(returncode: int | None) -> str:
+    """How a process ended, in words: ``exit status 4``, ``killed by SIGKILL``."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    if returncode > 128 and returncode - 128 in signal.valid_signals():  # it handled the signal, then exited
+        return f"exit status {returncode} ({signal.Signals(returncode - 128).name})"
+    return f"exit status {returncode}"
+
+
+def last_lines(text: str, n: int = LAST_WORDS_LINES) -> str:
+    """The last ``n`` non-empty lines of ``text``, joined with `` | `` for one error line."""
+    return " | ".join([line.strip() for line in text.splitlines() if line.strip()][-n:])
 
 
 def die_with_parent():
@@ -68,38 +90,53 @@ class Child:
             self.proc = self.popen(self.argv, stdout=subprocess.PIPE if self.lines else out, stderr=out, **kw)
         return self
 
-    def read_line(self, deadline: float, what: str, tick=None) -> str:
-        """The next line it writes on stdout, by ``deadline`` (monotonic s); RunError naming
-        ``what`` if it exits or the deadline passes first. ``tick()``, if given, is called
-        about twice a second while waiting (progress)."""
+    def read_line(self, deadline, what: str, tick=None) -> str:
+        """The next line it writes on stdout, by ``deadline`` (monotonic s, or a callable
+        returning it: a deadline that moves while there is progress); RunError naming
+        ``what`` if it exits (with how it ended and its last words) or the deadline passes
+        first. ``tick()``, if given, is called about twice a second while waiting (progress)."""
         while True:
             if tick is not None:
                 tick()
             if self.proc.poll() is not None:
-                raise RunError(f"waiting for {what}: it exited with code {self.proc.returncode}: {self.stderr_tail()}")
-            left = deadline - time.monotonic()
+                raise RunError(f"waiting for {what}: {self.name} ended ({self.last_words()})")
+            left = (deadline() if callable(deadline) else deadline) - time.monotonic()
             if left <= 0:
                 raise RunError(f"timed out waiting for {what}")
             readable, _, _ = select.select([self.proc.stdout], [], [], min(left, 0.5))
             if readable:
-                return self.proc.stdout.readline()
+                line = self.proc.stdout.readline()
+                if not line:  # its stdout closed: it is exiting; say how, once it has
+                    try:
+                        self.proc.wait(timeout=EXIT_WAIT_S)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    raise RunError(f"waiting for {what}: {self.name} closed its output ({self.last_words()})")
+                return line
 
-    def expect(self, word: str, deadline: float, what: str, tick=None):
+    def expect(self, word: str, deadline, what: str, tick=None):
         line = self.read_line(deadline, what, tick).strip()
         if line != word:
-            raise RunError(f"{self.name} said {line!r} instead of {word!r} {self.stderr_tail()}".strip())
+            raise RunError(f"{self.name} said {line!r} instead of {word!r} ({self.last_words()})")
 
     def send(self, line: str):
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
 
-    def stderr_tail(self) -> str:
-        """The end of an exited child's stderr, for error messages."""
-        if self.proc is None or self.proc.poll() is None:
-            return ""
+    def last_words(self) -> str:
+        """How it ended (or that it still runs) and the last lines of its stderr, with the
+        file that holds all of it: for error lines."""
+        status = exit_status(self.proc.poll() if self.proc is not None else None)
         if self.log is not None:
-            return f"(see {self.log})"
-        return (self.proc.stderr.read() or "").strip()[-2000:] if self.proc.stderr else ""
+            try:
+                text = self.log.read_text(errors="replace")
+            except OSError:
+                text = ""
+            tail = last_lines(text)
+            return f"{status}; last stderr: {tail or '(none)'}; see {self.log}"
+        if self.proc is None or self.proc.poll() is None or not self.proc.stderr:
+            return status
+        return f"{status}; last stderr: {last_lines(self.proc.stderr.read() or '') or '(none)'}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

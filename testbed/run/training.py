@@ -14,7 +14,7 @@ from testbed.apply.events import LinkEvents
 from testbed.views.progress import Progress
 
 LOG = logging.getLogger(__name__)
-HANG_GUARD_RATIO = 20  # the agents' deadline: 20x the ideal, at least HANG_GUARD_MIN_S (a guard, not a bound)
+HANG_GUARD_RATIO = 20  # a hang: no op ended for 20x an iteration's ideal, at least HANG_GUARD_MIN_S (a guard, not a bound)
 HANG_GUARD_MIN_S = 120.0
 
 
@@ -46,15 +46,17 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
                          units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
             # a cluster run: this server's GPUs (the others' records arrive when they are done)
             progress = Progress({g: ops for g, ops in tp.ops.items() if fab.has_host(g)}, records_dir, tp.iterations)
-            timeout_s = max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s)
             if far:
                 from testbed.run.cluster import train_across
 
+                timeout_s = max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s)
                 started = train_across(agents, list(far), records_dir, timeout_s, progress)
                 if cluster is not None:
                     cluster.update(started)
             else:
-                agents.train(timeout_s=timeout_s, progress=progress, on_start=events.start)
+                # a starved machine trains late but trains: only a training that stops moving is cut
+                stall_s = max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s / max(tp.iterations, 1))
+                agents.train(stall_s=stall_s, progress=progress, on_start=events.start)
             events.check()
     finally:
         if progress is not None:

@@ -322,7 +322,7 @@ def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
                         "--", "set-controller", bridge, f"tcp:127.0.0.1:{port}"], check=True, timeout=30)
         try:
             wait_for(lambda: ctl.child.proc.poll() is not None, 90, "the controller to exit on the handler exception")
-            with pytest.raises(RunError, match=r"controller exited with status 3: .*\(in on_features\)"):
+            with pytest.raises(RunError, match=r"controller ended \(exit status 3\): .*\(in on_features\)"):
                 ctl.check_alive()
         finally:
             subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], check=True, timeout=30)
