@@ -233,8 +233,11 @@ class Agent:
         frame = ch.data_frame(pkt, self.payload, now)
         nic.send(frame)
         line_gap_ns = self.gap_ns(len(frame), nic.line_bps)
-        self.late(TX_LATE, now - max(ready_ns, ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0))
+        due_from = max(ch.tx_since_ns, self.resumed_ns if nic.link == "fabric" else 0)
+        self.late(TX_LATE, now - max(ready_ns, due_from))
         self.nic_counters["tx_gap_ns"] += line_gap_ns
+        # what a wake-up later than the two-packet catch-up loses for good: the schedule slips
+        self.nic_counters["tx_slip_ns"] += max(0, now - 2 * line_gap_ns - max(ch.next_tx_ns, due_from))
         q.sent(pkt, now)
         op_id = ch.send_ops.get(pkt.message)
         if op_id is not None:

@@ -6,7 +6,12 @@ emulation kept up with the time dilation it was given:
   interval (so the port had work throughout); a slower port means OVS or the kernel could not keep up and every
   queue, mark and pause downstream of it is wrong;
 - ``agent_pacing``: GPU agents' packets leave close to when they are due (mean lateness
-  in packet gaps at line rate): late packets mean the agents cannot pace at this dilation;
+  in packet gaps at line rate): late packets mean the agents cannot pace at this dilation.
+  Its limit is calibrated against the same run five times slower: on the default ring a
+  mean of 0.03 / 0.13 / 0.37 gaps came with collectives 0.4 / 3 / 10 % slower than at
+  D = 250000, so 0.1 gaps keeps a trusted run within 3 % (docs/measurements.md, "The
+  fidelity guard against a slower run"); the detail says how much of the sending time the
+  agents' schedule slipped for good (wake-ups later than the two-packet catch-up);
 - ``timer_lateness``: compute phases end when they should (mean lateness, real-fabric
   time, as a share of the ideal step);
 - ``host_cpu``: the host's CPUs were not saturated (share of polls with every core busy);
@@ -47,7 +52,7 @@ from testbed.model import cluster, queues
 
 LIMITS = {
     "dequeue_rate": 0.9,  # achieved / configured, at least
-    "agent_pacing": 0.5,  # mean lateness in line-rate packet gaps, at most
+    "agent_pacing": 0.07,  # mean lateness in line-rate packet gaps, at most (calibrated: see above)
     "timer_lateness": 0.01,  # mean compute-end lateness / ideal step, at most
     "host_cpu": 0.25,  # share of polls with the host >= SATURATED busy, at most
     "ovs_cpu": 0.95,  # p95 of ovs-vswitchd CPU in cores, at most
@@ -117,10 +122,11 @@ def agent_pacing(r) -> dict | None:
         return None
     late = n.tx_late_ns.sum() / n.tx_gap_ns.sum()
     ok = late <= LIMITS["agent_pacing"]
+    slip = f"; schedule slipped {n.tx_slip_ns.sum() / n.tx_gap_ns.sum():.2%} of line-rate time" if "tx_slip_ns" in n else ""
     return _check("agent_pacing", round(float(late), 4), ok,
                   f"GPU agents sent packets {late:.2f} packet gaps late on average: they cannot pace at this "
                   f"dilation", late / LIMITS["agent_pacing"],
-                  f"{int(n.tx_count.sum())} packets, worst {int(n.tx_late_max_ns.max())} ns late (emulated)")
+                  f"{int(n.tx_count.sum())} packets, worst {int(n.tx_late_max_ns.max())} ns late (emulated){slip}")
 
 
 def timer_lateness(r) -> dict | None:

@@ -28,6 +28,7 @@ from testbed import units
 from testbed.config.scenario import Fabric, Scenario
 from testbed.model import events as link_events, limits, pfc, queues, routes as routing
 from testbed.model.training import TrainingPlan, plan_training
+from testbed.wire import roce
 
 # Forwarding the host can give the emulated fabric, in emulated bits/s x switch hops.
 # userspace: one TCP flow crossed 3 switches of the default fabric at ~490 Mbit/s
@@ -37,6 +38,15 @@ from testbed.model.training import TrainingPlan, plan_training
 # emulation, where no forwarding figure means anything). The manifest records the
 # figure used and the fidelity guard checks, per run, that it held.
 FORWARDING_BUDGET_BPS = {"user": 400e6, "kernel": 1e9}
+# What the GPU agents (Python event loops, one process per server) send on time, in emulated
+# packets/s for all of them together, on the 2-core development machine: the default 8-GPU
+# ring's mean pacing lateness was 0.03 / 0.13 / 0.37 line-rate packet gaps at 1900 / 4800 /
+# 9600 packets/s (D = 50000 / 20000 / 10000), its collectives x1.004 / x1.03 / x1.10 of what
+# D = 250000 gave (docs/measurements.md, "The fidelity guard against a slower run"). Half
+# the rate at which the lateness reaches the guard's limit (0.1 gaps) is budgeted. The
+# forwarding budget alone priced bytes, not packets: a 2048-byte MTU ring got a quarter of
+# the dilation it needed.
+AGENT_PACKET_BUDGET_PPS = 2000
 DEFAULT_TELEMETRY_INTERVAL_REAL_NS = 10_000
 
 
@@ -206,17 +216,33 @@ class Plan:
         }
 
 
-def auto_dilation(fabric: Fabric, datapath: str) -> tuple[units.Dilation, str]:
-    """Dilation so that every GPU sending at line rate across three switch hops fits the
-    host's forwarding budget for the datapath, rounded up to 1/2/5 x 10^k."""
+def smallest_frame_bytes(scenario: Scenario) -> int:
+    """The smallest RoCE data frame any of the scenario's workloads sends (its path MTU plus
+    headers): the most packets per byte."""
+    workloads = [scenario.workload, *(job.workload for job in scenario.jobs)]
+    return min((w.mtu_bytes for w in workloads if w is not None), default=4096) + roce.HEADER_BYTES
+
+
+def auto_dilation(scenario: Scenario, datapath: str) -> tuple[units.Dilation, str]:
+    """Dilation so that every GPU sending at line rate fits what this machine kind does in
+    time, rounded up to 1/2/5 x 10^k: the bytes forwarded across three switch hops (the
+    datapath's forwarding budget) and the packets the GPU agents send (their packet budget,
+    at the scenario's smallest MTU), whichever needs more."""
+    fabric = scenario.fabric
     gpus = sum(leaf.hosts for leaf in fabric.leaves)
     hops = 3 if fabric.spines else 1
-    demand = gpus * fabric.host_link.rate_bps * hops
+    rate = fabric.host_link.rate_bps
+    demand = gpus * rate * hops
     budget = FORWARDING_BUDGET_BPS["kernel" if datapath == "kernel" else "user"]
-    d = units.Dilation.nice(demand / budget)
-    reason = (f"auto: {gpus} GPUs x {units.format_rate(fabric.host_link.rate_bps)} x {hops} hops = "
-              f"{units.format_rate(demand)} of forwarding; {datapath} datapath budget "
-              f"{units.format_rate(budget)} -> D >= {demand / budget:.0f}, rounded to {d.factor:g}")
+    frame = smallest_frame_bytes(scenario)
+    packets = gpus * rate / (8 * frame)
+    need = max(demand / budget, packets / AGENT_PACKET_BUDGET_PPS)
+    d = units.Dilation.nice(need)
+    reason = (f"auto: forwarding {gpus} GPUs x {units.format_rate(rate)} x {hops} hops = {units.format_rate(demand)} "
+              f"against the {datapath} datapath's {units.format_rate(budget)} -> D >= {demand / budget:.0f}; "
+              f"the agents' packets {gpus} GPUs x {units.format_rate(rate)} / {frame}-byte frames = "
+              f"{units.format_rate(packets)}/s against {AGENT_PACKET_BUDGET_PPS}/s -> D >= "
+              f"{packets / AGENT_PACKET_BUDGET_PPS:.0f}; rounded to {d.factor:g}")
     return d, reason
 
 
@@ -234,7 +260,7 @@ def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
         dilation = units.Dilation(scenario.dilation)
         reason = "set by the scenario"
     else:
-        dilation, reason = auto_dilation(fabric, datapath)
+        dilation, reason = auto_dilation(scenario, datapath)
 
     spines = [Switch(f"spine{i + 1}", "spine", i + 1, i + 1) for i in range(fabric.spines)]
     leaves = [Switch(f"leaf{i + 1}", "leaf", fabric.spines + i + 1, i + 1) for i in range(len(fabric.leaves))]

@@ -66,7 +66,8 @@ def run_dir(tmp_path):
         {**op, "gpu": "h1", "id": 0, "peer": "h2", "ready_ns": 0, "start_ns": 0, "end_ns": 1000 * D},
         {**op, "gpu": "h1", "id": 1, "kind": "compute", "phase": "forward", "collective": -1, "step": -1,
          "peer": None, "bytes": 0, "ready_ns": 0, "start_ns": 0, "end_ns": 120_000 * D},
-        {"gpu": "h1", "type": "nic", "tx_count": 10, "tx_late_ns": 300, "tx_late_max_ns": 100, "tx_gap_ns": 1000,
+        {"gpu": "h1", "type": "nic", "tx_count": 10, "tx_late_ns": 60, "tx_late_max_ns": 30, "tx_gap_ns": 1000,
+         "tx_slip_ns": 20,
          "timer_count": 2, "timer_late_ns": 2000 * D, "timer_late_max_ns": 1500 * D},
         {"gpu": "h1", "type": "qp", "peer": "h2", "link": "fabric", "packets_sent": 10, "retransmitted": 0}])
     write(tmp_path / "agents" / "h2.jsonl", [
@@ -128,7 +129,9 @@ def test_fidelity_names_every_failed_check_and_a_dilation_that_fixes_it(run_dir)
     f = fidelity.check(results.load(run_dir))
     by = {c["name"]: c for c in f["checks"]}
     assert by["dequeue_rate"]["value"] == 0.5 and not by["dequeue_rate"]["ok"]
-    assert by["agent_pacing"]["value"] == 0.3 and by["agent_pacing"]["ok"]
+    # 60 ns late over 1000 ns of line-rate gaps: 0.06 gaps, within 0.07; 20 ns slipped for good
+    assert by["agent_pacing"]["value"] == 0.06 and by["agent_pacing"]["ok"]
+    assert by["agent_pacing"]["detail"] == "10 packets, worst 30 ns late (emulated); schedule slipped 2.00% of line-rate time"
     # 1 us real lateness on average against a 100 us ideal step: 1 %, at the limit
     assert by["timer_lateness"]["value"] == 0.01 and by["timer_lateness"]["ok"]
     assert by["host_cpu"]["value"] == 0.333 and not by["host_cpu"]["ok"]

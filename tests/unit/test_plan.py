@@ -108,14 +108,21 @@ def test_interface_names_fit_ifnamsiz():
 
 
 def test_dilation_auto_and_explicit():
-    # 8 GPUs x 400G x 3 hops = 9.6T over a 400M userspace budget: D >= 24000 -> 50000
-    assert build("default").dilation.factor == 50000
-    assert plan.build(scenario.load("default"), "kernel").dilation.factor == 10000
+    # forwarding: 8 GPUs x 400G x 3 hops = 9.6T over a 400M userspace budget: D >= 24000; the
+    # agents' packets: 8 x 400G / (8 x 4154-byte frames) = 96.3M/s over 2000/s: D >= 48146 -> 50000
+    p = build("default")
+    assert p.dilation.factor == 50000
+    assert "D >= 24000" in p.dilation_reason and "D >= 48146" in p.dilation_reason
+    # the kernel datapath forwards more, the agents send no faster
+    assert plan.build(scenario.load("default"), "kernel").dilation.factor == 50000
     assert build("default", "dilation=40000").dilation == Dilation(40000)
-    # 64 and 128 GPUs: what docs/measurements.md ("Scale") found trusted on a 2-core machine
+    # a 2048-byte path MTU: twice the packets per byte, 8 x 400G / (8 x 2106) / 2000 = 94967 -> 100000
+    assert build("default", "workload.transport.mtu=2048").dilation.factor == 100000
+    # 32, 64 and 128 GPUs: packets 385M, 770M, 1.54G per second -> 200000, 500000, 1000000
     big = ("fabric.spines=8", "fabric.uplinks.count=8")
-    assert build("rail-32", "fabric.servers=8", *big).dilation.factor == 200000
-    assert build("rail-32", "fabric.servers=16", *big).dilation.factor == 500000
+    assert build("rail-32").dilation.factor == 200000
+    assert build("rail-32", "fabric.servers=8", *big).dilation.factor == 500000
+    assert build("rail-32", "fabric.servers=16", *big).dilation.factor == 1000000
 
 
 def test_single_leaf_without_spines():
