@@ -33,6 +33,7 @@ def agent_pids(run_id: str) -> dict:
     return pids
 
 
+@pytest.mark.datapath_independent
 def test_an_agent_ended_mid_training_leaves_its_status_and_last_words(tmp_path, clean_slate):
     """SIGTERM to the second server's agent process once the GPUs have recorded ops: the run
     fails at once (not at the hang guard) naming that process, its exit status and what it
