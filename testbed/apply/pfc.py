@@ -4,7 +4,9 @@ One process per run in the root namespace (where every switch port lives; in a c
 run one per server, for that server's ports: run/share.py), started by
 ``PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
 PFC pauses) and the run's BPF pin folder. Every ``model.pfc.poll_period_ns(dilation)`` (50 ns of fabric time, at least 1 ms) it reads each switch port's shadow queue (the marker's
-map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it. Ingress accounting is
+map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it; a queue far below XOFF is
+not read again until it could have reached it at its feeders' line rates
+(``pfc.quiet_until_ns``), so an idle fabric costs a few reads, not one per port per poll. Ingress accounting is
 approximated per egress queue: when an egress queue passes XOFF, the switch sends a PFC
 frame (priority 3, quanta 0xFFFF, refreshed before they run out) out of every port that
 feeds that queue (``pfc.feeders``: the ingress ports whose routed traffic can leave by
@@ -50,7 +52,8 @@ from testbed.jsonlines import read_events
 from testbed.apply.process import Child
 from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
 from testbed.errors import RunError
-from testbed.model.pfc import Hysteresis, poll_period_ns
+from testbed.model.pfc import OVS_BATCH_PACKETS, Hysteresis, poll_period_ns, quiet_until_ns
+from testbed.model.queues import MTU_BYTES
 from testbed.units import Dilation
 from testbed.wire import bpfmaps, pfc
 
@@ -74,6 +77,9 @@ class Port:
     xoff_sent: int = 0
     headroom_high_water_bytes: float = 0.0
     wanted_by: set = field(default_factory=set)  # congested egress queues that need this port's peer paused
+    fill_bps: float = 0.0  # the fastest its queue can grow (emulated): its feeders' line rates
+    slack_bytes: float = 0.0  # what its feeders can deliver at once beyond that (model.pfc.quiet_until_ns)
+    quiet_until_ns: int = 0  # its queue cannot pass XOFF before then: not read until then
 
 
 class Pfcd:
@@ -103,6 +109,13 @@ class Pfcd:
             self.ports[intf] = Port(pq=pq, rate_bps=pq["emulated_rate_bps"], real_rate_bps=pq["rate_bps"],
                                     ifindex=socket.if_nametoindex(intf), mac=mac, sock=pfc.open_socket(intf),
                                     restart=pfc.open_restart_socket(intf), feeders=tuple(pq["feeders"]), hyst=hyst)
+        # a queue grows at most as fast as its feeders' links deliver (their plan rates: a link
+        # event only slows one), plus their shapers' buckets and one OVS batch each
+        for port in self.ports.values():
+            fed = [self.ports[f].pq for f in port.feeders if f in self.ports]
+            port.fill_bps = sum(f["emulated_rate_bps"] for f in fed)
+            port.slack_bytes = sum(f["burst_bytes"] + OVS_BATCH_PACKETS * MTU_BYTES for f in fed)
+        self.reads = {"queue_reads": 0, "queue_reads_skipped": 0}  # how much reading the quiet ports saves
 
     def record(self, **fields):
         self.out.write(json.dumps(fields) + "\n")
@@ -135,6 +148,10 @@ class Pfcd:
         for intf, port in self.ports.items():
             if port.hyst is None:
                 continue
+            if now < port.quiet_until_ns:
+                self.reads["queue_reads_skipped"] += 1
+                continue
+            self.reads["queue_reads"] += 1
             raw = self.state_map.lookup(port.ifindex, lock=True)
             if raw is None:
                 continue
@@ -145,6 +162,9 @@ class Pfcd:
                 port.headroom_high_water_bytes = depth - port.pq["xoff_bytes"]
                 self.publish(port)
             action = port.hyst.update(depth, now)
+            if now >= port.hyst.paused_until_ns:  # not pausing its feeders: quiet until it could pass XOFF
+                port.quiet_until_ns = quiet_until_ns(depth, port.pq["xoff_bytes"], port.fill_bps, port.slack_bytes,
+                                                     now)
             if action == "xoff":
                 self.reaction["xoff_polls"] += 1
                 self.reaction["xoff_detect_max_ns"] = max(self.reaction["xoff_detect_max_ns"], since_last_ns)
@@ -271,6 +291,7 @@ class Pfcd:
                         headroom_high_water_bytes=round(port.headroom_high_water_bytes),
                         headroom_bytes=port.pq["headroom_bytes"], drops=drops)
         self.record(event="reaction", **self.reaction)
+        self.record(event="polling", **self.reads)
 
 
 def parse_rate_command(line: str, ports) -> tuple[float, list]:

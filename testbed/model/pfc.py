@@ -24,6 +24,23 @@ def poll_period_ns(dilation: float) -> int:
     return max(MIN_POLL_NS, int(POLL_REAL_NS * dilation))
 
 
+# what arrives at once beyond its feeders' line rates, per feeder: its sender's shaper bucket
+# (plan's burst_bytes) and one batch of OVS's userspace datapath (NETDEV_MAX_BURST = 32
+# packets), which a busy ovs-vswitchd hands over back to back after falling behind
+OVS_BATCH_PACKETS = 32
+
+
+def quiet_until_ns(depth_bytes: float, xoff_bytes: int, fill_bps: float, slack_bytes: float, now_ns: int) -> int:
+    """The earliest time an egress queue ``depth_bytes`` deep now can pass XOFF, if at most
+    ``fill_bps`` (emulated: its feeders' line rates, nothing drained) arrive, plus
+    ``slack_bytes`` at once: polling it before then cannot find it above XOFF, so the PFC
+    process reads only the queues that could be near it. ``now_ns`` when it could already be."""
+    room_bytes = xoff_bytes - depth_bytes - slack_bytes
+    if room_bytes <= 0 or fill_bps <= 0:
+        return now_ns
+    return now_ns + int(room_bytes * 8 / fill_bps * 1e9)
+
+
 def feeders(switch: str, egress_port: int, toward: dict, links_of: dict, host_index: dict) -> tuple[int, ...]:
     """Ports of ``switch`` whose arriving traffic the planned routes can send out of
     ``egress_port``: the upstream neighbours feeding that queue, which its PFC pauses.

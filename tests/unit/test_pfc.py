@@ -165,3 +165,18 @@ def test_pfc_totals_combine_every_servers_process(tmp_path):
     assert totals(events) == {"frames_sent": 4, "xoff_sent": 2, "frames_received": 4, "paused_ns": 40, "drops": 0,
                               "paused_ports": ["spine2-eth1"], "headroom_high_water_bytes": 100, "xoff_polls": 2,
                               "xoff_detect_max_ns": 50, "pause_apply_max_ns": 90}
+
+
+def test_a_queue_far_below_xoff_is_quiet_until_its_feeders_could_fill_it():
+    # 3 feeders at 8 Mbit/s (400G at D = 50000) fill at most 3 MB/s: 1 MB of room below XOFF
+    # after 100 KB of slack is 0.3 s away
+    assert decisions.quiet_until_ns(0, 1_100_000, 24e6, 100_000, 7) == 7 + 333_333_333
+    # deeper now: less room, sooner
+    assert decisions.quiet_until_ns(500_000, 1_100_000, 24e6, 100_000, 7) == 7 + 166_666_666
+
+
+def test_a_queue_whose_slack_reaches_xoff_is_read_every_poll():
+    assert decisions.quiet_until_ns(0, 300_000, 24e6, 300_000, 7) == 7
+    assert decisions.quiet_until_ns(290_000, 300_000, 24e6, 0, 7) == 7 + 3_333_333
+    assert decisions.quiet_until_ns(310_000, 300_000, 24e6, 0, 7) == 7  # above XOFF already
+    assert decisions.quiet_until_ns(0, 300_000, 0, 0, 7) == 7  # no feeders known: never skip it
