@@ -82,14 +82,16 @@ class Agents:
             raise
         return self
 
-    def train(self, stall_s: float, progress=None, on_start=None) -> int:
+    def train(self, stall_s: float, progress=None, on_start=None, total_s: float = 0.0) -> int:
         """Start every agent on one deadline and wait until all are done, or until no op has
         ended for ``stall_s`` (with a ``progress``; without one, ``stall_s`` bounds the whole
         training); returns the start time (CLOCK_MONOTONIC ns). ``progress``: a ``Progress``
         to update while waiting; ``on_start(start_ns)``: called once the agents have their
-        start time. The agents' own deadline only ends them if this process stops watching."""
+        start time. The agents' own deadline (``AGENT_DEADLINE_STALLS`` stalls, at least
+        ``total_s``: a long training of many short steps) only ends them if this process
+        stops watching."""
         start_ns = time.monotonic_ns() + int(START_MARGIN_S * 1e9)
-        self.start(start_ns, start_ns + int(AGENT_DEADLINE_STALLS * stall_s * 1e9))
+        self.start(start_ns, start_ns + int(max(AGENT_DEADLINE_STALLS * stall_s, total_s) * 1e9))
         if on_start:
             on_start(start_ns)
         guard = StallGuard(stall_s + START_MARGIN_S, progress)

@@ -56,7 +56,8 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
             else:
                 # a starved machine trains late but trains: only a training that stops moving is cut
                 stall_s = max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s / max(tp.iterations, 1))
-                agents.train(stall_s=stall_s, progress=progress, on_start=events.start)
+                agents.train(stall_s=stall_s, progress=progress, on_start=events.start,
+                             total_s=HANG_GUARD_RATIO * ideal_emulated_s)
             events.check()
     finally:
         if progress is not None:
