@@ -25,6 +25,7 @@ ALGORITHMS_LATER = ("tree",)
 MAPPINGS = ("sequential", "rail")
 PRECISION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 RDMA_MTUS = (256, 512, 1024, 2048, 4096)  # the InfiniBand path MTUs RoCE uses
+DEFAULT_MTU_BYTES = 4096
 KEYS = ("name", "description", "iterations", "model", "parallelism", "mapping", "compute", "collective",
         "pipeline_schedule", "micro_batches", "activations", "transport", "chakra")
 CHAKRA_KEYS = ("name", "description", "iterations", "mapping", "transport", "chakra")  # what a replay reads
@@ -225,7 +226,7 @@ def _transport(c, doc, path: tuple) -> tuple:
     """(RoCE MTU, DCQCN on/off, DCQCN parameters, load-balancing fields of ``Workload``)."""
     tr_path = path + ("transport",)
     tr = c.mapping(doc.get("transport"), tr_path, ("mtu", "dcqcn") + BALANCE_KEYS)
-    mtu = tr.get("mtu", 4096)
+    mtu = tr.get("mtu", DEFAULT_MTU_BYTES)
     if mtu not in RDMA_MTUS:
         c.problem(tr_path + ("mtu",), f"expected an RDMA path MTU ({', '.join(map(str, RDMA_MTUS))}), "
                                       f"got {_show(mtu)}")

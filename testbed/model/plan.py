@@ -25,7 +25,8 @@ import ipaddress
 from dataclasses import asdict, dataclass, replace
 
 from testbed import units
-from testbed.config.scenario import Fabric, Scenario
+from testbed.config.scenario import Scenario
+from testbed.config.workload import DEFAULT_MTU_BYTES
 from testbed.model import events as link_events, limits, pfc, queues, routes as routing
 from testbed.model.training import TrainingPlan, plan_training
 from testbed.wire import roce
@@ -43,7 +44,8 @@ FORWARDING_BUDGET_BPS = {"user": 400e6, "kernel": 1e9}
 # ring's mean pacing lateness was 0.03 / 0.13 / 0.37 line-rate packet gaps at 1900 / 4800 /
 # 9600 packets/s (D = 50000 / 20000 / 10000), its collectives x1.004 / x1.03 / x1.10 of what
 # D = 250000 gave (docs/measurements.md, "The fidelity guard against a slower run"). Half
-# the rate at which the lateness reaches the guard's limit (0.1 gaps) is budgeted. The
+# the rate at which the lateness reached 0.1 gaps is budgeted (lateness 0.034, under the
+# guard's limit of 0.07). The
 # forwarding budget alone priced bytes, not packets: a 2048-byte MTU ring got a quarter of
 # the dilation it needed.
 AGENT_PACKET_BUDGET_PPS = 2000
@@ -220,7 +222,7 @@ def smallest_frame_bytes(scenario: Scenario) -> int:
     """The smallest RoCE data frame any of the scenario's workloads sends (its path MTU plus
     headers): the most packets per byte."""
     workloads = [scenario.workload, *(job.workload for job in scenario.jobs)]
-    return min((w.mtu_bytes for w in workloads if w is not None), default=4096) + roce.HEADER_BYTES
+    return min((w.mtu_bytes for w in workloads if w is not None), default=DEFAULT_MTU_BYTES) + roce.HEADER_BYTES
 
 
 def auto_dilation(scenario: Scenario, datapath: str) -> tuple[units.Dilation, str]:

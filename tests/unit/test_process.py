@@ -43,8 +43,9 @@ def test_a_child_that_exits_without_its_answer_is_named_with_status_and_stderr(t
 
 def test_a_killed_child_is_named_with_its_signal(tmp_path):
     log = tmp_path / "s.log"
-    child = Child("the sleeper", python("import sys, time; print('started', file=sys.stderr, flush=True); "
-                                        "time.sleep(60)"), log=log).start()
+    # it waits for a line on its stdin, which never comes: it runs until killed
+    child = Child("the sleeper", python("import sys; print('started', file=sys.stderr, flush=True); "
+                                        "sys.stdin.readline()"), log=log).start()
     try:
         wait_for(lambda: log.read_text(), 30, "the sleeper's first stderr line")
         child.proc.kill()
