@@ -111,12 +111,34 @@ fi
 # one lab, as its README says (its runs go to build/lab-vm/lab-results, not the repo's results/),
 # at the dilation the fidelity guard asked for in this VM (at the automatic 10000 it said
 # "not trusted: GPU agents sent packets 57 packet gaps late ... --set dilation=2000000"):
-# its check starts with "the fidelity guard trusted each run"
+# its check starts with "the fidelity guard trusted each run". As every timing-bound test
+# here: a run the guard did not trust is rerun once at the dilation it suggested (its own
+# results folder), and only that rerun's check counts; an untrusted rerun fails with the verdict.
 lab=${TESTBED_VM_LAB:-8}
 lab_dilation=${TESTBED_VM_LAB_DILATION:-2000000}
-step lab vagrant ssh -c "cd /vagrant && sudo python -m testbed lab run $lab --results build/lab-vm/lab-results \
-    --set dilation=$lab_dilation && sudo python -m testbed lab check $lab --results build/lab-vm/lab-results" || true
-grep -E '^ *(PASS|FAIL) ' "$work/lab.log" | sed 's/^ */[lab-vm] lab '"$lab"': /' || true
+lab_step() {  # lab_step NAME DILATION: lab run + lab check into build/lab-vm/NAME
+    step "$1" vagrant ssh -c "cd /vagrant && sudo python -m testbed lab run $lab --results build/lab-vm/$1 \
+        --set dilation=$2 && sudo python -m testbed lab check $lab --results build/lab-vm/$1"
+}
+if ! lab_step lab-results "$lab_dilation"; then
+    suggested=$(python3 - "$work/lab-results" <<'PY'
+import json, pathlib, sys
+s = [json.loads(p.read_text()).get("fidelity", {}) for p in pathlib.Path(sys.argv[1]).glob("*/summary.json")]
+print(max((f.get("suggested_dilation") or 0 for f in s if f.get("verdict") == "not trusted"), default=""))
+PY
+)
+    if [ -n "$suggested" ]; then
+        say "lab $lab: not trusted at $lab_dilation; rerunning once at the suggested $suggested"
+        if lab_step lab-rerun "$suggested"; then
+            kept=()
+            for f in "${failed[@]}"; do [ "$f" = lab-results ] || kept+=("$f"); done
+            failed=("${kept[@]}")
+        fi
+    fi
+fi
+for log in lab-results lab-rerun; do
+    [ ! -f "$work/$log.log" ] || grep -E '^ *(PASS|FAIL) ' "$work/$log.log" | sed 's/^ */[lab-vm] lab '"$lab"' ('"$log"'): /' || true
+done
 
 # the integration tests on the VM's stock kernel (OVS kernel datapath, netem, the marker on
 # Debian's 6.1), except those marked datapath_independent (signals, the CLI, KPI
