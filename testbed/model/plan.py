@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 
 from testbed import units
 from testbed.config.scenario import Scenario
@@ -145,8 +146,10 @@ class Plan:
                 return h
         raise KeyError(name)
 
-    @property
+    @cached_property
     def fabric_links(self) -> tuple:
+        """The links switches forward over (NVLink excluded); computed once per plan (a
+        1000-GPU plan has tens of thousands of links, asked for by every view)."""
         return tuple(link for link in self.links if link.kind != "nvlink")
 
     def routes_for(self, switch: str) -> tuple:
@@ -156,14 +159,15 @@ class Plan:
 
     def oversubscription(self) -> dict:
         """Per leaf: host-facing capacity / uplink capacity (None without uplinks)."""
-        out = {}
-        for s in self.switches:
-            if s.role != "leaf":
-                continue
-            down = sum(link.rate_bps for link in self.links if link.kind == "host" and link.b == s.name)
-            up = sum(link.rate_bps for link in self.links if link.kind == "uplink" and link.a == s.name)
-            out[s.name] = down / up if up else None
-        return out
+        down: dict = {}
+        up: dict = {}
+        for link in self.links:
+            if link.kind == "host":
+                down[link.b] = down.get(link.b, 0) + link.rate_bps
+            elif link.kind == "uplink":
+                up[link.a] = up.get(link.a, 0) + link.rate_bps
+        return {s.name: down.get(s.name, 0) / up[s.name] if up.get(s.name) else None
+                for s in self.switches if s.role == "leaf"}
 
     def bisection_bps(self) -> int:
         """Max-flow, one direction, from the first half of the GPUs (in server order) to the

@@ -54,9 +54,9 @@ def _header(plan: Plan) -> list[str]:
 def _switches_and_links(plan: Plan) -> list[str]:
     d = plan.dilation
     out = ["switches:"]
+    ports = Counter(end for lk in plan.fabric_links for end in {lk.a, lk.b})
     for s in plan.switches:
-        ports = [lk for lk in plan.fabric_links if s.name in (lk.a, lk.b)]
-        out.append(f"  {s.name:8} {s.role:5} dpid {s.dpid_hex}  {len(ports)} ports")
+        out.append(f"  {s.name:8} {s.role:5} dpid {s.dpid_hex}  {ports[s.name]} ports")
     out.append("")
     out.append("links (real rate / emulated rate, cable delay real / emulated):")
     groups = Counter((lk.kind, lk.rate_bps, lk.delay_ns) for lk in plan.links)

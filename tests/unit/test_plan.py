@@ -160,3 +160,63 @@ def test_adaptive_choices_where_a_switch_has_a_choice():
     assert all(e.hop.startswith("leaf") for e in ports)
     assert not [e for e in ports if e.hop.startswith("leaf1") and e.dst_net == "10.0.1.0/24"]
     assert plan.build(scenario.load("collisions"), "user").adaptive_choices() == []
+
+
+def _routes_one_search_per_leaf(switches, links, leaves):
+    """The reference: a breadth-first search from every leaf, every port on a shortest path."""
+    from collections import deque
+
+    adj = {s.name: [] for s in switches}
+    for link in links:
+        if link.kind == "uplink":
+            adj[link.a].append((link.a_port, link.b))
+            adj[link.b].append((link.b_port, link.a))
+    out = []
+    for li, dest in enumerate(leaves):
+        dist, queue = {dest.name: 0}, deque([dest.name])
+        while queue:
+            u = queue.popleft()
+            for _, v in adj[u]:
+                if v not in dist:
+                    dist[v] = dist[u] + 1
+                    queue.append(v)
+        for s in switches:
+            if s.name != dest.name and s.name in dist:
+                out.append((s.name, f"10.0.{li + 1}.0/24",
+                            tuple(sorted(p for p, v in adj[s.name] if dist.get(v) == dist[s.name] - 1))))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_routes_shared_by_leaves_with_the_same_neighbours_match_a_search_per_leaf(seed):
+    """routes.compute searches once per class of leaves with the same neighbours; on random
+    fabrics (leaves that share spines and leaves that do not, parallel links, leaf-leaf and
+    spine-spine links, unreachable switches) it must give every port a search per leaf gives."""
+    import random
+
+    from testbed.model import routes
+
+    rng = random.Random(seed)
+    n_leaves, n_spines = rng.randint(1, 9), rng.randint(0, 5)
+    leaves = [plan.Switch(f"leaf{i + 1}", "leaf", i + 1, i + 1) for i in range(n_leaves)]
+    spines = [plan.Switch(f"spine{i + 1}", "spine", 100 + i, i + 1) for i in range(n_spines)]
+    switches = spines + leaves
+    next_port = {s.name: 1 for s in switches}
+    links = []
+
+    def connect(a, b):
+        links.append(plan.Link("uplink", a.name, next_port[a.name], b.name, next_port[b.name], 1, 0))
+        next_port[a.name] += 1
+        next_port[b.name] += 1
+
+    patterns = [rng.sample(spines, rng.randint(0, n_spines)) for _ in range(rng.randint(1, 3))]
+    for leaf in leaves:
+        for spine in rng.choice(patterns):
+            for _ in range(rng.randint(1, 2)):
+                connect(leaf, spine)
+    for _ in range(rng.randint(0, 3)):
+        a, b = rng.sample(switches, 2) if len(switches) > 1 else (None, None)
+        if a is not None:
+            connect(a, b)
+    got = [(r.switch, r.prefix, r.ports) for r in routes.compute(switches, [], links, leaves)]
+    assert got == _routes_one_search_per_leaf(switches, links, leaves)
