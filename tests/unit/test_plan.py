@@ -33,14 +33,27 @@ def test_plan_golden(ref):
 
 def test_plan_json_holds_the_whole_plan():
     """plan.json is the run's one plan: queues with their PFC feeders, the training
-    schedule with its ideal, and the telemetry settings are in it, as built."""
-    p = build("default")
-    d = json.loads(json.dumps(p.to_dict()))
-    assert [q["intf"] for q in d["queues"]] == [pq.intf for pq in p.queues]
-    assert d["queues"][0]["feeders"] == list(p.queues[0].feeders) != []
-    assert d["training"]["ideal"] == p.training.ideal and d["training"]["iterations"] == 3
-    assert sum(len(v) for v in d["training"]["ops"].values()) == sum(len(v) for v in p.training.ops.values()) == 720
-    assert d["telemetry"] == {"interval_real_ns": 10_000, "interval_emulated_ns": 10_000 * p.dilation.factor}
+    schedule with its ideal, and the telemetry settings are in it, each checked against
+    what the default scenario (2 servers x 4 GPUs on 4 rail leaves, 2 spines, 400G, a
+    2 MB ring AllReduce of 8 ranks, 3 iterations, D = 50000) says it must be."""
+    d = json.loads(json.dumps(build("default").to_dict()))
+    queue = {q["intf"]: q for q in d["queues"]}
+    assert len(queue) == 8 + 8 + 8  # leaf ports to GPUs, leaf uplinks, spine downlinks
+    # leaf1's port to h1 is fed by the other GPU on rail 1 (h5) and by both spines
+    assert queue["leaf1-eth1"]["peer"] == "h1"
+    assert {queue[f]["peer"] for f in queue["leaf1-eth1"]["feeders"]} == {"h5", "spine1", "spine2"}
+    # a leaf's uplink is fed by its GPUs only: traffic does not turn around at a leaf
+    uplink = next(q for q in d["queues"] if q["switch"] == "leaf1" and q["peer"].startswith("spine"))
+    assert {queue[f]["peer"] for f in uplink["feeders"]} == {"h1", "h5"}
+    training = d["training"]
+    assert training["iterations"] == 3
+    # per GPU and iteration: forward and backward compute, then a ring of 8: 2 x 7 sends and 2 x 7 receives
+    assert {gpu: len(ops) for gpu, ops in training["ops"].items()} == {f"h{i}": 3 * (2 + 4 * 7) for i in range(1, 9)}
+    # the textbook ring: 2 (N - 1) / N x 2 MB at 400G is 70 us; the ideal adds RoCE headers (~1.4 % at MTU 4096)
+    textbook_ns = 2 * 7 / 8 * 2_000_000 * 8 / 400e9 * 1e9
+    assert 1.0 < training["ideal"]["data_parallel_ns"] / textbook_ns < 1.02
+    assert training["ideal"]["iteration_ns"] == training["ideal"]["compute_ns"] + training["ideal"]["data_parallel_ns"]
+    assert d["telemetry"] == {"interval_real_ns": 10_000, "interval_emulated_ns": 10_000 * 50_000}
 
 
 def test_rail_optimised_puts_gpu_k_of_every_server_on_rail_leaf_k():

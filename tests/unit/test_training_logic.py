@@ -75,6 +75,14 @@ def test_ring_ideal_and_bus_bandwidth():
     assert collectives.bus_bandwidth_bps(2_000_000, 8, t) == pytest.approx(400e9 * 4096 / 4154)
 
 
+@pytest.mark.parametrize("algorithm,busbw_bps", [("ring", 700e9), ("reduce-scatter", 350e9), ("all-gather", 350e9),
+                                                 ("all-to-all", 350e9), ("broadcast", 400e9)])
+def test_bus_bandwidth_per_algorithm(algorithm, busbw_bps):
+    # nccl-tests' factors, by hand: 1 MB among 8 ranks in 20 us is an algbw of 400 Gb/s; an AllReduce
+    # moves 2 x 7/8 of it per rank, reduce-scatter, all-gather and all-to-all 7/8, a broadcast all of it
+    assert collectives.bus_bandwidth_bps(1_000_000, 8, 20_000, algorithm) == pytest.approx(busbw_bps)
+
+
 def test_model_front_end_buckets_gradients():
     p = default_plan("workload.model.parameters=125M", "workload.model.precision=bf16", "workload.collective.bytes=null",
                      "workload.collective.bucket=100MB")
