@@ -7,7 +7,7 @@ cluster should hold"). A benchmark, not a test.
 The scenario is leaf-spine with the default job (dp-ring, 2 MB per iteration), PFC off (it
 does not cross servers yet). Three runs per repeat, side by side: ``testbed run`` on this
 machine, the same with PFC on (the model was fitted on runs with it), and ``testbed run --cluster`` over this machine and a second server on it
-(tests/integration/cluster_server.LocalServer: its own namespaces, sshd and Open vSwitch,
+(tests/helpers/cluster_server.LocalServer: its own namespaces, sshd and Open vSwitch,
 so both servers' fixed costs land on this one host). For each: bring-up, training and
 teardown wall time (the manifest's timings), the training's mean busy cores of the host
 (its polls during the training: ``host_busy`` x cores), the JCT ratio and the fidelity
@@ -27,9 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests"))
 
-from cluster_server import LocalServer  # noqa: E402
+from helpers.cluster_server import LocalServer  # noqa: E402
 
 from testbed.analysis import fidelity, results  # noqa: E402
 

@@ -15,7 +15,7 @@ from testbed.analysis.training import load_records
 from testbed.config import scenario
 from testbed.paths import ROOT
 from testbed.wire import chakra as wire
-from conftest import run_trusted
+from helpers.runs import run_trusted
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from cluster_server import MONOTONIC_OFFSET_S, LocalServer
-from conftest import ROOT
+from helpers.cluster_server import MONOTONIC_OFFSET_S, LocalServer
+from testbed.paths import ROOT
 
 pytestmark = pytest.mark.integration
 

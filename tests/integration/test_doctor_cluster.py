@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from cluster_server import MONOTONIC_OFFSET_S, LocalServer
-from conftest import ROOT
+from helpers.cluster_server import MONOTONIC_OFFSET_S, LocalServer
+from testbed.paths import ROOT
 
 pytestmark = pytest.mark.integration
 

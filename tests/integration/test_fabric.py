@@ -20,7 +20,7 @@ from testbed.apply.controller import Controller
 from testbed.apply.process import free_tcp_port, wait_for
 
 pytestmark = pytest.mark.integration
-HERE = Path(__file__).resolve().parent
+SCRIPTS = Path(__file__).resolve().parent.parent / "helpers"  # the traffic scripts
 
 
 def manifest(run_dir: Path) -> dict:
@@ -102,7 +102,7 @@ def test_ecmp_udp_source_ports_use_both_spines(tmp_path, clean_slate):
 
         before = wait_for(quiet, 15, "leaf1's ECMP group counters to settle", poll_s=0.1)
         assert len(before) == len(route.ports) == 4
-        proc = fab.host("h1").popen([sys.executable, str(HERE / "udp_flows.py"), dst.addr, "--flows", "24",
+        proc = fab.host("h1").popen([sys.executable, str(SCRIPTS / "udp_flows.py"), dst.addr, "--flows", "24",
                                      "--packets", "20"])
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err

@@ -12,7 +12,7 @@ import pytest
 from testbed import run
 from testbed.config import scenario
 from testbed.jsonlines import read_events
-from conftest import run_trusted
+from helpers.runs import run_trusted
 
 pytestmark = pytest.mark.integration
 

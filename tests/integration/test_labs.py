@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from testbed.labs import catalog
-from conftest import ROOT
+from testbed.paths import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from testbed import run
 from testbed.analysis.training import load_records
 from testbed.config import scenario
 from testbed.model import plan as planning, schedule
-from conftest import run_trusted
+from helpers.runs import run_trusted
 
 pytestmark = pytest.mark.integration
 

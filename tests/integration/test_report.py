@@ -33,7 +33,7 @@ def run_dir_of(res) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The default run exactly as a newcomer starts it, and the same overloaded on purpose."""
-    from conftest import snapshot
+    from helpers.runs import snapshot
 
     before = snapshot()
     base = tmp_path_factory.mktemp("runs")

@@ -19,7 +19,7 @@ from testbed.config import scenario
 from testbed.apply.process import wait_for
 
 pytestmark = pytest.mark.integration
-HERE = Path(__file__).resolve().parent
+SCRIPTS = Path(__file__).resolve().parent.parent / "helpers"  # the traffic scripts
 MTU = 1500
 # The lab-VM check runs under software CPU emulation (10-20x slower, later timers):
 # it loosens timing-derived bounds by this factor (scripts/lab-vm-inside.sh sets it).
@@ -32,10 +32,10 @@ def incast(ctx, senders, receiver, rate_bps, seconds, size=1000, sample=None):
     fab, plan = ctx.fabric, ctx.plan
     dst = plan.host(receiver)
     port = f"{dst.leaf}-eth{dst.leaf_port}"
-    rx = fab.host(receiver).popen([sys.executable, str(HERE / "ce_count.py"), "--intf", f"{receiver}-eth0",
+    rx = fab.host(receiver).popen([sys.executable, str(SCRIPTS / "ce_count.py"), "--intf", f"{receiver}-eth0",
                                    "--seconds", "600"], text=True, stdin=subprocess.PIPE)
     assert rx.stdout.readline().strip() == "ready"
-    tx = [fab.host(h).popen([sys.executable, str(HERE / "udp_blast.py"), dst.addr, "--rate-bps", str(rate_bps),
+    tx = [fab.host(h).popen([sys.executable, str(SCRIPTS / "udp_blast.py"), dst.addr, "--rate-bps", str(rate_bps),
                              "--seconds", str(seconds), "--size", str(size)], text=True) for h in senders]
     samples = []
     while any(p.poll() is None for p in tx):
@@ -105,11 +105,11 @@ def victim_run(tmp_path, pfc_on: bool) -> dict:
         fab, plan = ctx.fabric, ctx.plan
         (pq,) = [q for q in ctx.egress.ports if q.intf == f"{plan.host('h5').leaf}-eth{plan.host('h5').leaf_port}"]
         rate = pq.emulated_rate_bps
-        rx = fab.host("h7").popen([sys.executable, str(HERE / "ce_count.py"), "--intf", "h7-eth0", "--seconds",
+        rx = fab.host("h7").popen([sys.executable, str(SCRIPTS / "ce_count.py"), "--intf", "h7-eth0", "--seconds",
                                    "600"], text=True, stdin=subprocess.PIPE)
         assert rx.stdout.readline().strip() == "ready"
         flows = [("h6", "h5", rate), ("h8", "h5", rate), ("h1", "h5", rate / 2), ("h3", "h7", 0.3 * rate)]
-        tx = {src + dst: fab.host(src).popen([sys.executable, str(HERE / "udp_blast.py"), plan.host(dst).addr,
+        tx = {src + dst: fab.host(src).popen([sys.executable, str(SCRIPTS / "udp_blast.py"), plan.host(dst).addr,
                                               "--rate-bps", str(r), "--seconds", "5", "--size", str(MTU)], text=True)
               for src, dst, r in flows}
         sent = {k: json.loads(p.communicate(timeout=60)[0])["sent"] for k, p in tx.items()}

@@ -15,7 +15,7 @@ from testbed.config import scenario
 from testbed.apply.process import wait_for
 from testbed.analysis.training import load_records
 from testbed.jsonlines import read_events
-from conftest import run_trusted
+from helpers.runs import run_trusted
 
 pytestmark = pytest.mark.integration
 

@@ -132,7 +132,7 @@ def test_cluster_view_golden(name, ref, sets, machines):
     crosses shows up as a diff (TESTBED_REGEN_GOLDEN=1 rewrites and fails, as the plan goldens)."""
     import os
 
-    from conftest import GOLDEN
+    from helpers import GOLDEN
     from testbed.views import cluster as view
 
     p = build(ref, *sets)

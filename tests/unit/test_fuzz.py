@@ -11,7 +11,7 @@ import re
 import pytest
 import yaml
 
-from conftest import ROOT
+from testbed.paths import ROOT
 from testbed import cli
 from testbed.config import source
 

@@ -9,7 +9,7 @@ import pytest
 
 from testbed.errors import ConfigError
 from testbed.labs import catalog, observe
-from conftest import ROOT
+from testbed.paths import ROOT
 
 README = """# Lab 4: Buffers
 

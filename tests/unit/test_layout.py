@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from testbed.paths import ROOT
 
 PACKAGE = ROOT / "testbed"
 HEAVY = ("mininet", "os_ken", "pyroute2", "scapy")
@@ -86,3 +86,20 @@ def test_test_modules_have_unique_basenames():
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         assert path.name not in seen, f"{path} and {seen[path.name]} share a basename"
         seen[path.name] = path
+
+
+def test_test_folders_hold_tests_and_nothing_imports_conftest(tmp_path):
+    """Test folders hold test modules only (helpers and the scripts tests start live in
+    tests/helpers), and no module imports conftest: pytest loads it itself, and an import
+    of it by name can load it a second time under another name; fixtures are its interface."""
+    for folder in ("unit", "integration"):
+        others = [p.name for p in (ROOT / "tests" / folder).glob("*.py") if not p.name.startswith("test_")]
+        assert not others, f"tests/{folder} holds non-test modules {others}: move them to tests/helpers"
+    importers = [p.relative_to(ROOT).as_posix() for p in [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+                 if "conftest" in imports(p)]
+    assert not importers, f"{importers} import conftest: use a fixture or tests/helpers"
+    planted = tmp_path / "test_planted.py"  # the rule sees both spellings of the import
+    planted.write_text("import conftest\n")
+    assert "conftest" in imports(planted)
+    planted.write_text("def f():\n    from conftest import ROOT\n")
+    assert "conftest" in imports(planted)

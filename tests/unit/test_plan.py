@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import GOLDEN
+from helpers import GOLDEN
 from testbed.model import plan
 from testbed.config import scenario
 from testbed.units import Dilation

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from conftest import GOLDEN, ROOT
+from helpers import GOLDEN
+from testbed.paths import ROOT
 from testbed.config import scenario
 from testbed.errors import ConfigError
 
