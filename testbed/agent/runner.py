@@ -5,7 +5,7 @@ Its server's agent process (``python -m testbed.agent``, ``testbed.agent.server`
 sockets, steps it from the shared start time (CLOCK_MONOTONIC ns, one clock for all
 namespaces) whenever its next event is due or a socket of its is readable: it executes its
 ops: compute as dilated timers, sends as
-paced RoCE packets on a raw AF_PACKET socket per NIC (templates from ``testbed.roce``),
+paced RoCE packets on a raw AF_PACKET socket per NIC (templates from ``testbed.wire.roce``),
 receives on a UDP 4791 socket with IP_RECVTOS (so CE marks are seen without parsing
 foreign traffic, and the kernel sends no port-unreachable). Records go to a JSONL file
 as they happen: one line per op, DCQCN rate changes, pauses, and per-QP counters at the end.

@@ -277,7 +277,7 @@ class MininetFabric:
             if self.datapath == "user":
                 for intf in node.intfList():
                     procs.append((h.name, node.popen(["ethtool", "-K", intf.name, "tx", "off"])))
-            if self.link_delay:  # the GPU's end of its cable (switch ends: egress.EgressQueues)
+            if self.link_delay:  # the GPU's end of its cable (switch ends: apply.queues.EgressQueues)
                 (link,) = [lk for lk in self.plan.fabric_links if h.name in (lk.a, lk.b)]
                 us = max(1, round(self.plan.dilation.duration_ns(link.delay_ns) / 1000))
                 procs.append((h.name, node.popen(["tc", "qdisc", "replace", "dev", f"{h.name}-eth0", "root", "netem",
