@@ -32,6 +32,12 @@ def check(plan):
             problems.append(f"{sc.where(('queues', 'ecn', 'kmax'))}: kmax {units.format_size(pq.kmax_bytes)} (at "
                             f"{units.format_rate(pq.rate_bps)}) is above the {units.format_size(pq.buffer_bytes)} "
                             f"buffer: the queue would drop before it marks every packet")
+        user_kmin = sc.queues.ecn.kmin_bytes if sc.queues.ecn is not None else None
+        if pq.ecn and user_kmin is not None and pq.kmin_bytes != user_kmin:  # only a derived kmin is lowered
+            problems.append(f"{sc.where(('queues', 'ecn', 'kmin'))}: kmin {units.format_size(user_kmin)} is above the "
+                            f"kmax derived at {units.format_rate(pq.rate_bps)} ({units.format_size(pq.kmax_bytes)}: "
+                            f"DCQCN's {units.format_size(queues.DCQCN_KMAX_BYTES)} at 40G, scaled with the rate); "
+                            f"set queues.ecn.kmax too, or a kmin at most that")
         if pq.ecn and 0 < pq.pmax and round(pq.pmax * PMAX_ONE) == 0:
             problems.append(f"{sc.where(('queues', 'ecn', 'pmax'))}: pmax {pq.pmax:g} is below the marker's "
                             f"resolution (1/{PMAX_ONE} = {1 / PMAX_ONE:.2g}): it would mark nothing; use at least "

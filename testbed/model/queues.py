@@ -5,7 +5,9 @@ Defaults, derived per port from its link rate R and cable (values the scenario l
 unset):
 - ECN (WRED on the instantaneous queue): DCQCN paper (Zhu et al., SIGCOMM 2015)
   settings at 40 Gbit/s, Kmin 5 KB, Kmax 200 KB, Pmax 1 %, scaled linearly with R
-  (400G: 50 KB, 2 MB, 1 %).
+  (400G: 50 KB, 2 MB, 1 %). A derived Kmin above the user's Kmax is lowered to it (`show`
+  prints both); a Kmin the user set is never changed: above a derived Kmax it is refused
+  (``model.limits``).
 - PFC headroom (bytes that still arrive after XOFF is sent): both ends' MTU in flight
   (2 x MTU) + the cable's round trip at line rate (2 x delay x R / 8) + the peer's
   response time at line rate (``PFC_RESPONSE_NS`` x R / 8, 1 us assumed).

@@ -177,6 +177,8 @@ def test_raw_bytes_are_refused(kind, capsys, tmp_path):
     (["queues.ecn.kmax=5MB"], "kmax (5MB) must not exceed the buffer"),
     (["workload.activations=0"], "expected at least 4 bytes of activations"),
     (["queues.ecn.pmax=1.0e-12"], "pmax 1e-12 is below the marker's resolution (1/4294967296 = 2.3e-10)"),
+    # a kmin the user set is never lowered to a derived kmax: 200 KB at 40G is 2 MB at 400G
+    (["queues.ecn={kmin: 3MB}"], "kmin 3MB is above the kmax derived at 400G (2MB"),
 ])
 def test_physics_refuses_with_the_reason(sets, reason, capsys):
     argv = ["default"]
