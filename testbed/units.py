@@ -156,6 +156,19 @@ class Dilation:
         """Real-fabric-equivalent duration of an emulated one."""
         return emulated_ns / self.factor
 
+    def real_rate_bps(self, emulated_bps: float) -> float:
+        """Real-fabric-equivalent rate of an emulated one."""
+        return emulated_bps * self.factor
+
+    def scaled(self, k: float) -> float:
+        """A dilation ``k`` times this one (the fidelity guard's suggestion), as a number."""
+        return self.factor * k
+
+    @staticmethod
+    def of(value) -> "Dilation":
+        """From a manifest's or plan's ``dilation`` (a number; missing or 0: none, 1)."""
+        return Dilation(float(value or 1))
+
     @staticmethod
     def nice(minimum: float) -> "Dilation":
         """Smallest 1/2/5 x 10^k factor that is >= ``minimum`` (and >= 1)."""

@@ -66,7 +66,7 @@ class Channel:
         self.uet = agent.kind == "uet" and nic.link == "fabric"
         if self.uet:  # NSCC instead of DCQCN
             cc = Nscc(agent.mtu, nic.line_bps, agent.base_rtt_ns, agent.trimming, 0)
-            self.sendq = UetSendQP(agent.mtu, cc, agent.d.factor, agent.store_and_forward_ns)
+            self.sendq = UetSendQP(agent.mtu, cc, agent.d, agent.store_and_forward_ns)
             self.recvq = UetRecvQP()
             self.sack = roce.FrameTemplate(nic.me, self.remote, self.sport, theirs, roce.SACK.size,
                                            roce.DSCP_CONTROL, 0)

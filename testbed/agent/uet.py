@@ -118,7 +118,7 @@ class UetSendQP:
         rtt = self._rtt(sent_at, now_ns)
         if newly:
             self.last_progress_ns = now_ns if self.packets else None
-        self.cc.on_ack(newly, bool(flags & roce.SACK_FLAG_M), rtt, now_ns / self.d)
+        self.cc.on_ack(newly, bool(flags & roce.SACK_FLAG_M), rtt, self.d.real_duration_ns(now_ns))
         done, una = [], next(iter(self.packets), self.next_psn)
         while self.ends and self.ends[0][0] < una:
             done.append(self.ends.popleft()[1])
@@ -130,7 +130,7 @@ class UetSendQP:
         store-and-forward serialisation, which the emulation does not take, is added."""
         if not sent_at or sent_at[1]:
             return None
-        return (now_ns - sent_at[0]) / self.d + self.rtt_missing_ns
+        return self.d.real_duration_ns(now_ns - sent_at[0]) + self.rtt_missing_ns
 
     def _acked(self, psn: int) -> int:
         pkt = self.packets.pop(psn)
@@ -147,7 +147,7 @@ class UetSendQP:
         self.resend.append(psn)
         self.queued.add(psn)
         rtt = self._rtt(self.tx.get(psn), now_ns)
-        self.cc.on_nack(roce.wire_bytes(pkt.payload), rtt, now_ns / self.d)
+        self.cc.on_nack(roce.wire_bytes(pkt.payload), rtt, self.d.real_duration_ns(now_ns))
 
     def check_timeout(self, now_ns: int, rto_ns: int) -> bool:
         """Queue again every sent, unacknowledged packet last sent ``rto_ns`` ago or more."""

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed import units
 from testbed.jsonlines import read_events
 
 
-def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -> list:
+def summarise(run_dir: Path, records: list, iterations: list, dilation: units.Dilation) -> list:
     """One row per link event, in order; [] when the run had none."""
     lines = read_events(run_dir / "link-events.jsonl")
     events = [e for e in lines if e.get("event") in ("link_down", "link_up", "link_slow")]
@@ -50,7 +51,7 @@ def summarise(run_dir: Path, records: list, iterations: list, dilation: float) -
                                            nxt_ns)}
         for key in ("detect", "reroute"):
             v = row[f"{key}_emulated_ns"]
-            row[f"{key}_real_ns"] = v / dilation if v is not None else None
+            row[f"{key}_real_ns"] = dilation.real_duration_ns(v) if v is not None else None
         rows.append(row)
         if it is not None:
             hit.setdefault(it, []).append(i)

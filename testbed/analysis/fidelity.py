@@ -133,8 +133,7 @@ def timer_lateness(r) -> dict | None:
     n, its = r.nics, r.iterations
     if n.empty or "timer_count" not in n or not n.timer_count.sum() or its.empty:
         return None
-    d = float(r.manifest.get("dilation") or 1)
-    mean_real_ns = n.timer_late_ns.sum() / n.timer_count.sum() / d
+    mean_real_ns = r.dilation.real_duration_ns(n.timer_late_ns.sum() / n.timer_count.sum())
     share = mean_real_ns / float(its.ideal_ns.iloc[0])
     ok = share <= LIMITS["timer_lateness"]
     return _check("timer_lateness", round(float(share), 5), ok,
@@ -214,8 +213,7 @@ def pfc_reaction(r) -> dict | None:
     p = r.manifest.get("pfc") or {}
     if not p.get("xoff_polls"):
         return None
-    d = float(r.manifest.get("dilation") or 1)
-    worst_real_ns = max(p.get("xoff_detect_max_ns", 0), p.get("pause_apply_max_ns", 0)) / d
+    worst_real_ns = r.dilation.real_duration_ns(max(p.get("xoff_detect_max_ns", 0), p.get("pause_apply_max_ns", 0)))
     share = worst_real_ns / queues.PFC_RESPONSE_NS
     ok = share <= LIMITS["pfc_reaction"]
     return _check("pfc_reaction", round(share, 3), ok,
@@ -229,13 +227,12 @@ def cluster_clock(r) -> dict | None:
     links = [lk["rate_bps"] for lk in r.plan.get("links", []) if lk.get("kind") != "nvlink" and "rate_bps" in lk]
     if not clocks or not links:
         return None
-    d = float(r.manifest.get("dilation") or 1)
     server, worst = max(((s, c["error_ns"]) for s, c in clocks.items()), key=lambda x: x[1])
     budget_ns = cluster.clock_budget_ns(max(links))
-    share = worst / d / budget_ns
+    share = r.dilation.real_duration_ns(worst) / budget_ns
     ok = share <= LIMITS["cluster_clock"]
     return _check("cluster_clock", round(share, 3), ok,
-                  f"the clock offset of {server} is known to +-{worst / 1e3:.1f} us (real), {worst / d:.2f} ns emulated: "
+                  f"the clock offset of {server} is known to +-{worst / 1e3:.1f} us (real), {r.dilation.real_duration_ns(worst):.2f} ns emulated: "
                   f"more than a tenth of an MTU's serialisation ({budget_ns:.2f} ns) at {max(links) / 1e9:g}G",
                   share / LIMITS["cluster_clock"], f"{len(clocks)} other servers")
 
@@ -267,11 +264,11 @@ def check(r) -> dict:
     """Every check that has data; verdict ``trusted``, ``not trusted`` or ``unchecked``."""
     done = [c for c in (f(r) for f in CHECKS) if c is not None]
     failed = [c for c in done if not c["ok"]]
-    d = float(r.manifest.get("dilation") or 1)
+    d = r.dilation.factor
     suggested = None
     if failed:
         factor = max(c["_factor"] or 2.0 for c in failed)
-        suggested = units.nice_ceil(d * max(factor, 1.0) * MARGIN)
+        suggested = units.nice_ceil(r.dilation.scaled(max(factor, 1.0) * MARGIN))
     for c in done:
         c.pop("_factor")
     verdict = "unchecked" if not done else ("not trusted" if failed else "trusted")

@@ -171,9 +171,8 @@ def _pfc(r) -> dict:
     p = r.manifest.get("pfc")
     if not p:
         return {"enabled": False}
-    d = float(r.manifest.get("dilation") or 1)
     out = {"enabled": True, "pause_frames": p.get("frames_sent", 0), "xoff_frames": p.get("xoff_sent", 0),
-           "paused_real_ns": p.get("paused_ns", 0) / d, "paused_ports": p.get("paused_ports", []),
+           "paused_real_ns": r.dilation.real_duration_ns(p.get("paused_ns", 0)), "paused_ports": p.get("paused_ports", []),
            "headroom_high_water_bytes": p.get("headroom_high_water_bytes", 0), "drops": p.get("drops", 0)}
     if _headroom_worst_port(r):
         out["headroom_high_water_port"] = _headroom_worst_port(r)

@@ -271,7 +271,7 @@ def render(r, s: dict) -> str:
             f"<p>scenario <code>{html.escape(str(m.get('scenario')))}</code>, status <b>{html.escape(str(run.get('status')))}"
             f"</b>{' (' + html.escape(str(run.get('reason'))) + ')' if run.get('reason') else ''}; "
             f"{s['fabric']['gpus']} GPUs, {s['fabric']['switches']} switches, {m.get('datapath')} datapath, "
-            f"dilation {m.get('dilation')} (1 us of the real fabric = {float(m.get('dilation') or 1) / 1e3:g} ms "
+            f"dilation {m.get('dilation')} (1 us of the real fabric = {units.Dilation.of(m.get('dilation')).duration_ns(1000) / 1e6:g} ms "
             f"here).</p>"]
     if not run.get("complete", True):
         body.append(f"<p class='verdict bad'>INCOMPLETE: {html.escape(run.get('incomplete_because', ''))}. "

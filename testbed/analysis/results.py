@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed import units
 from testbed.analysis.training import summarise_run
 from testbed.errors import ConfigError
 from testbed.jsonlines import read_events
@@ -42,6 +43,11 @@ class Results:
     server_polls: dict = field(default_factory=dict)  # a cluster run's other servers: {server: polls}
     plan: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+
+    @property
+    def dilation(self) -> units.Dilation:
+        """The run's time dilation (its manifest's)."""
+        return units.Dilation.of(self.manifest.get("dilation"))
 
     # other names for the same frames (docs/results.md lists them)
     @property
@@ -69,7 +75,7 @@ def load(run_dir) -> Results:
         manifest = json.loads(manifest_path.read_text())
     except ValueError as exc:
         raise ConfigError(f"{manifest_path}: not valid JSON ({exc})") from None
-    d = float(manifest.get("dilation") or 1)
+    d = units.Dilation.of(manifest.get("dilation"))
     agent_rows = [r for p in sorted((run_dir / "agents").glob("*.jsonl")) for r in read_events(p)]
     by_type: dict[str, list] = {}
     for r in agent_rows:
@@ -80,7 +86,7 @@ def load(run_dir) -> Results:
         ops = ops.drop(columns=["type"]).sort_values(["gpu", "id"]).reset_index(drop=True)
         t0 = ops.ready_ns.min()
         for col in ("ready", "start", "end"):
-            ops[f"{col}_real_ns"] = (ops[f"{col}_ns"] - t0) / d
+            ops[f"{col}_real_ns"] = d.real_duration_ns(ops[f"{col}_ns"] - t0)
         ops["duration_real_ns"] = ops.end_real_ns - ops.start_real_ns
         ops["wait_real_ns"] = (ops.end_real_ns - ops.ready_real_ns).where(ops.kind == "recv", 0.0)
 
@@ -120,25 +126,25 @@ def load(run_dir) -> Results:
                                                "baselines": _json(run_dir / "baselines.json")})
 
 
-def _with_real_time(df: pd.DataFrame, dilation: float, t0) -> pd.DataFrame:
+def _with_real_time(df: pd.DataFrame, dilation: units.Dilation, t0) -> pd.DataFrame:
     """``t_real_ns``: real-fabric ns since ``t0`` (the run's first op; else the frame's first row)."""
     if "t_ns" in df.columns:
-        df["t_real_ns"] = (df.t_ns - (df.t_ns.min() if t0 is None else t0)) / dilation
+        df["t_real_ns"] = dilation.real_duration_ns(df.t_ns - (df.t_ns.min() if t0 is None else t0))
     return df
 
 
-def _timed_file(path: Path, dilation: float, t0) -> pd.DataFrame:
+def _timed_file(path: Path, dilation: units.Dilation, t0) -> pd.DataFrame:
     df = pd.DataFrame(read_events(path))
     return df if df.empty else _with_real_time(df, dilation, t0)
 
 
-def _per_port_file(path: Path, dilation: float, t0) -> pd.DataFrame:
+def _per_port_file(path: Path, dilation: units.Dilation, t0) -> pd.DataFrame:
     """A collector file with real time, in (port, time) order for per-interval differences."""
     df = _timed_file(path, dilation, t0)
     return df if df.empty else df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
 
 
-def _ports(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
+def _ports(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFrame:
     """Per-interval rates from the switches' own counter times (``duration_ns``: when the
     switch read the counters, to its clock's millisecond) where the run recorded them; the
     controller's receive times (``t_ns``) otherwise (older runs), which can make a port look
@@ -148,7 +154,7 @@ def _ports(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
         return df
     clock = "duration_ns" if "duration_ns" in df and df.duration_ns.notna().all() else "t_ns"
     dt = df.groupby("intf")[clock].diff()
-    dt_real_s = dt.where(dt > 0) / dilation / 1e9  # a port added again restarts its duration
+    dt_real_s = dilation.real_duration_ns(dt.where(dt > 0)) / 1e9  # a port added again restarts its duration
     for way in ("tx", "rx"):
         df[f"{way}_bps"] = df.groupby("intf")[f"{way}_bytes"].diff() * 8 / dt_real_s
     rates = {q["intf"]: q["rate_bps"] for q in plan.get("queues", [])}
@@ -157,7 +163,7 @@ def _ports(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
     return df
 
 
-def _queues(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
+def _queues(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFrame:
     df = _per_port_file(run_dir / "queues.jsonl", dilation, t0)
     if df.empty:
         return df
@@ -172,7 +178,7 @@ def _queues(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
     return df
 
 
-def _ecn(run_dir: Path, dilation: float, t0, plan: dict) -> pd.DataFrame:
+def _ecn(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFrame:
     df = _timed_file(run_dir / "ecn.jsonl", dilation, t0)
     if df.empty:
         return df

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from testbed import units
 from testbed.analysis import failures
 from testbed.jsonlines import read_events
 from testbed.model import collectives
@@ -29,7 +30,7 @@ def load_records(records_dir: Path) -> list:
     return [r for path in sorted(records_dir.glob("*.jsonl")) for r in read_events(path)]
 
 
-def summarise(records: list, training: dict, dilation: float) -> dict:
+def summarise(records: list, training: dict, dilation: units.Dilation) -> dict:
     """``training`` is the plan's training section (``plan.json``)."""
     ops = [r for r in records if r.get("type") == "op"]
     planned_it, planned_c = Counter(), Counter()
@@ -49,7 +50,7 @@ def summarise(records: list, training: dict, dilation: float) -> dict:
             incomplete.append(it)
             continue
         t0, t1 = min(o["ready_ns"] for o in mine), max(o["end_ns"] for o in mine)
-        step = (t1 - t0) / dilation
+        step = dilation.real_duration_ns(t1 - t0)
         iterations.append({"iteration": it, "step_ns": step, "ideal_ns": ideal["iteration_ns"],
                            "ratio": step / ideal["iteration_ns"], "complete": True})
     by_collective: dict[int, list] = {}
@@ -63,10 +64,10 @@ def summarise(records: list, training: dict, dilation: float) -> dict:
             "transport": _transport(records, dilation), "ideal": ideal, "header_bytes_per_packet": roce.HEADER_BYTES}
 
 
-def _collective(c: dict, got: list, dilation: float, link_bps: float) -> dict:
+def _collective(c: dict, got: list, dilation: units.Dilation, link_bps: float) -> dict:
     """Time from the moment every member had entered it to the last member leaving it."""
     entered = max(min(o["ready_ns"] for o in got if o["gpu"] == g) for g in c["gpus"])
-    elapsed = (max(o["end_ns"] for o in got) - entered) / dilation
+    elapsed = dilation.real_duration_ns(max(o["end_ns"] for o in got) - entered)
     row = {k: c[k] for k in ("id", "iteration", "phase", "algorithm", "bytes", "ranks") if k in c}
     row.update({k: c[k] for k in ("bucket", "stage", "tp_rank", "micro_batch", "when") if k in c})
     row["time_ns"] = elapsed
@@ -78,7 +79,7 @@ def _collective(c: dict, got: list, dilation: float, link_bps: float) -> dict:
     return row
 
 
-def _transport(records: list, dilation: float) -> dict:
+def _transport(records: list, dilation: units.Dilation) -> dict:
     qps = [r for r in records if r.get("type") == "qp"]
     totals = {k: sum(q.get(k, 0) for q in qps) for k in QP_TOTALS}
     totals["nvlink_packets_sent"] = sum(q.get("packets_sent", 0) for q in qps if q.get("link") == "nvlink")
@@ -88,11 +89,11 @@ def _transport(records: list, dilation: float) -> dict:
     totals["out_of_order_ratio"] = totals["out_of_order_received"] / arrived if arrived else 0.0
     nics = [r for r in records if r.get("type") == "nic"]
     totals["pause_frames_received"] = sum(n.get("pause_frames_received", 0) for n in nics)
-    totals["paused_real_ns"] = sum(n.get("paused_ns", 0) for n in nics) / dilation
+    totals["paused_real_ns"] = dilation.real_duration_ns(sum(n.get("paused_ns", 0) for n in nics))
     return totals
 
 
-def summarise_run(run_dir: Path, records: list, training: dict, dilation: float) -> dict:
+def summarise_run(run_dir: Path, records: list, training: dict, dilation: units.Dilation) -> dict:
     """All of ``training.json``: ``summarise`` plus, for a run with several jobs, each job's
     own (``jobs``) and the link events with what they did (``link_events``). One place, so
     the run that writes it and the report that rereads a results folder agree."""
@@ -103,7 +104,7 @@ def summarise_run(run_dir: Path, records: list, training: dict, dilation: float)
     return summary
 
 
-def summarise_jobs(records: list, training: dict, dilation: float) -> dict:
+def summarise_jobs(records: list, training: dict, dilation: units.Dilation) -> dict:
     """Per job of a run with several (``jobs:``): its own iterations, collectives and JCT
     (first op of its first iteration ready -> last op done, real-fabric time; a late
     start's wait is not in it), from its GPUs' records alone."""
@@ -120,7 +121,7 @@ def summarise_jobs(records: list, training: dict, dilation: float) -> dict:
         steps = [i["step_ns"] for i in s["iterations"]]
         out[name] = {"gpus": job["gpus"], "start_ns": job["start_ns"], "traffic": job.get("traffic"),
                      "iterations": s["iterations"], "incomplete_iterations": s["incomplete_iterations"],
-                     "jct_ns": (max(o["end_ns"] for o in ops) - min(o["ready_ns"] for o in ops)) / dilation
+                     "jct_ns": dilation.real_duration_ns(max(o["end_ns"] for o in ops) - min(o["ready_ns"] for o in ops))
                      if done and ops else None,
                      "mean_step_ns": sum(steps) / len(steps) if steps else None,
                      "mean_ratio": sum(i["ratio"] for i in s["iterations"]) / len(steps) if steps else None,

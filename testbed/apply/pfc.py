@@ -94,7 +94,7 @@ class Pfcd:
         self.state_map = Map(pins + "/testbed_state", bpfmaps.STATE_SIZE)
         self.pfc_map = Map(pins + "/testbed_pfc", bpfmaps.PFC_SIZE)  # our counters, for the collector
         self.ports: dict[str, Port] = {}
-        self.poll_ns = poll_period_ns(plan["dilation"])
+        self.poll_ns = poll_period_ns(self.d)
         # the emulation's own share of the pause reaction (the fidelity guard's input): the
         # longest a queue's crossing of XOFF could have gone unseen (the gap since the poll
         # before the one that sent the XOFF), and the longest a received pause took to apply

@@ -85,7 +85,7 @@ def _rate(scenario, e, found: list, dilation, slowed: set, problems: list) -> in
         problems.append(f"{where}: at dilation {dilation.factor:g}, {units.format_rate(e.rate_bps)}bit/s runs at "
                         f"{dilation.rate_bps(e.rate_bps):.0f} bit/s here, below the {MIN_EMULATED_RATE_BPS} bit/s "
                         f"a paused port's shaper is told apart from (a rate of at least "
-                        f"{units.format_rate(MIN_EMULATED_RATE_BPS * dilation.factor)}bit/s)")
+                        f"{units.format_rate(dilation.real_rate_bps(MIN_EMULATED_RATE_BPS))}bit/s)")
     slowed |= intfs
     return e.rate_bps
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed import units
 from testbed.model.queues import PFC_RESPONSE_NS
 
 # How often the PFC process reads the shadow queues, in real-fabric time: a twentieth of the
@@ -16,12 +17,12 @@ POLL_REAL_NS = PFC_RESPONSE_NS // 20
 MIN_POLL_NS = 1_000_000  # never more often than this (emulated): below, polling costs a core
 
 
-def poll_period_ns(dilation: float) -> int:
+def poll_period_ns(dilation: units.Dilation) -> int:
     """The PFC process's polling period on the emulated clock at ``dilation``. Polling at a
     fixed 1 ms whatever the dilation cost 0.4 cores at 32 GPUs (bench/scale.py) to sample
     queues every 5 ns of fabric time at dilation 200000; the reaction the guard judges is in
     fabric time, so the period is too."""
-    return max(MIN_POLL_NS, int(POLL_REAL_NS * dilation))
+    return max(MIN_POLL_NS, int(dilation.duration_ns(POLL_REAL_NS)))
 
 
 # what arrives at once beyond its feeders' line rates, per feeder: its sender's shaper bucket

@@ -66,7 +66,7 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
         timings["training"] = round(time.monotonic() - t0, 3)
         records = load_records(records_dir)
         planned = plan.training.to_dict()
-        summary = summarise_run(run_dir, records, planned, plan.dilation.factor)
+        summary = summarise_run(run_dir, records, planned, plan.dilation)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     t = summary["transport"]
     LOG.info("training done: %d iterations, %d packets, %d retransmitted, %d CNPs", len(summary["iterations"]),

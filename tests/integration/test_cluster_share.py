@@ -256,7 +256,7 @@ def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_t
     ops = [r for r in records if r["type"] == "op"]
     planned_ops = plan.training.to_dict()["ops"]
     assert len(ops) == sum(len(v) for v in planned_ops.values())
-    summary = summarise_run(records_dir.parent, records, plan.training.to_dict(), plan.dilation.factor)
+    summary = summarise_run(records_dir.parent, records, plan.training.to_dict(), plan.dilation)
     assert len(summary["iterations"]) == 1 and summary["collectives"], summary
     # one time line, not two: every message received across the servers ended after its
     # sender started it (in the coordinator's clock; the other server's records shifted back)

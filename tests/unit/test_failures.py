@@ -11,6 +11,7 @@ from testbed.config import scenario
 from testbed.controller import routing
 from testbed.errors import ConfigError
 from testbed.model import plan as planning
+from testbed.units import Dilation
 
 
 def programmed(sets=()):
@@ -129,7 +130,7 @@ def test_what_a_failure_cost_comes_from_the_runs_files(tmp_path):
     records[0]["end_ns"] = 14 * s + s // 2  # iteration 0 ran past the event
     iterations = [{"iteration": 0, "step_ns": 150_000}, {"iteration": 1, "step_ns": 100_000},
                   {"iteration": 2, "step_ns": 100_000}]
-    rows = failures.summarise(tmp_path, records, iterations, dilation=50_000)
+    rows = failures.summarise(tmp_path, records, iterations, dilation=Dilation(50_000))
     assert len(rows) == 1
     r = rows[0]
     assert r["iteration"] == 0 and r["port_status_messages"] == 2
@@ -188,7 +189,7 @@ def test_what_a_slowed_link_cost_and_how_it_is_told(tmp_path):
                for it in range(4)]
     iterations = [{"iteration": 0, "step_ns": 300_000}, {"iteration": 1, "step_ns": 100_000},
                   {"iteration": 2, "step_ns": 100_000}, {"iteration": 3, "step_ns": 100_000}]
-    rows = failures.summarise(tmp_path, records, iterations, dilation=50_000)
+    rows = failures.summarise(tmp_path, records, iterations, dilation=Dilation(50_000))
     slow, up = rows
     assert slow["iteration"] == 0 and slow["rate_bps"] == 100_000_000_000 and slow["stretch"] == pytest.approx(3.0)
     assert slow["reroutes"] == 0 and slow["reroute_real_ns"] is None and slow["port_status_messages"] == 0

@@ -10,6 +10,7 @@ import pytest
 from testbed.model import pfc as decisions, plan
 from testbed.wire import pfc
 from testbed.config import scenario
+from testbed.units import Dilation
 
 # dst 01:80:c2:00:00:01 | src | 0x8808 | opcode 0x0101 | vector 0x0008 (priority 3) |
 # quanta: p3 = 0xffff, others 0 | zero padding to 60 bytes
@@ -83,12 +84,12 @@ def test_hysteresis_pauses_refreshes_and_resumes():
 def test_the_pfc_process_polls_in_fabric_time_within_the_guards_reaction_budget():
     from testbed.analysis.fidelity import LIMITS
     from testbed.model.queues import PFC_RESPONSE_NS
-    assert decisions.poll_period_ns(200_000) == 10_000_000  # 50 ns of fabric time, dilated
-    assert decisions.poll_period_ns(50_000) == 2_500_000
-    assert decisions.poll_period_ns(1_000) == decisions.MIN_POLL_NS  # never faster than 1 ms
+    assert decisions.poll_period_ns(Dilation(200_000)) == 10_000_000  # 50 ns of fabric time, dilated
+    assert decisions.poll_period_ns(Dilation(50_000)) == 2_500_000
+    assert decisions.poll_period_ns(Dilation(1_000)) == decisions.MIN_POLL_NS  # never faster than 1 ms
     for d in (20_000, 50_000, 200_000, 1_000_000):
         # a poll may run several periods late before the guard's pfc_reaction check fails
-        assert decisions.poll_period_ns(d) / d <= PFC_RESPONSE_NS * LIMITS["pfc_reaction"] / 4
+        assert Dilation(d).real_duration_ns(decisions.poll_period_ns(Dilation(d))) <= PFC_RESPONSE_NS * LIMITS["pfc_reaction"] / 4
 
 
 def test_queues_view_counts_pfc_events(tmp_path):

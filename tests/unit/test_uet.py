@@ -6,6 +6,7 @@ import pytest
 from testbed.agent.nscc import Nscc, Params
 from testbed.agent.uet import ACK_EVERY, UetRecvQP, UetSendQP
 from testbed.wire import roce
+from testbed.units import Dilation
 
 MTU = 4096
 PKT = roce.wire_bytes(MTU)
@@ -107,7 +108,7 @@ def sack(cack, sacked=(), flags=0):
 
 def test_the_sender_retransmits_exactly_the_nacked_packets():
     cc = Window()
-    q = UetSendQP(MTU, cc, dilation=1.0)
+    q = UetSendQP(MTU, cc, dilation=Dilation(1.0))
     q.post(8 * MTU)
     assert send_all(q) == list(range(8))
     assert q.on_sack(7, sack(2, (3, 5, 6, 7)), 100) == []  # 2 and 4 missing
@@ -121,7 +122,7 @@ def test_the_sender_retransmits_exactly_the_nacked_packets():
 
 def test_a_timeout_resends_only_what_was_not_acknowledged():
     cc = Window()
-    q = UetSendQP(MTU, cc, dilation=1.0)
+    q = UetSendQP(MTU, cc, dilation=Dilation(1.0))
     q.post(4 * MTU)
     send_all(q, 0)
     q.on_sack(3, sack(0, (1, 3)), 50)  # PSN 0 and 2 lost without a trim
@@ -138,7 +139,7 @@ def test_rtt_samples_only_from_packets_sent_once():
         def on_ack(self, nbytes, marked, rtt, now):
             samples.append(rtt)
 
-    q = UetSendQP(MTU, Recorder(), dilation=10.0, rtt_missing_ns=5.0)
+    q = UetSendQP(MTU, Recorder(), dilation=Dilation(10.0), rtt_missing_ns=5.0)
     q.post(2 * MTU)
     send_all(q, 0)
     q.on_nack(0, 100)
