@@ -128,9 +128,9 @@ def _lab(args) -> int:
     elif args.lab_command == "show":
         print(commands.show(args.number))
     elif args.lab_command == "run":
-        return commands.run(args.number, results_dir, args.overrides)
+        return commands.run(args.number, results_dir, args.overrides, main)
     else:
-        return commands.check(args.number, results_dir, args.run_dirs)
+        return commands.check(args.number, results_dir, args.run_dirs, parser().parse_args)
     return 0
 
 
@@ -233,13 +233,13 @@ def main(argv=None) -> int:
             except KeyboardInterrupt:
                 return 0
         elif args.command == "report":
-            from testbed.analysis import report
+            from testbed.views import report
             from testbed.views.summary import terminal
 
             summary, path = report.build(args.run_dir)
             print(terminal(summary, path))
         elif args.command == "compare":
-            from testbed.analysis import report
+            from testbed.views import report
 
             print(report.compare(args.run_dirs, args.html))
         elif args.command == "doctor":

@@ -58,7 +58,7 @@ class Workload:
     spray_packets: int = 1  # spray: a new source port every this many packets
     flowlet_gap_ns: int = 10_000  # flowlet: a new source port after an idle gap this long (real time)
     kind: str = "roce"  # roce (RC, go-back-N, DCQCN) | uet (reliable unordered, SACK, NSCC)
-    chakra: object = None  # model.chakra.Trace: the schedule is this trace's replay (model.replay)
+    chakra: object = None  # config.trace.Trace: the schedule is this trace's replay (model.replay)
 
     @property
     def compute_ns(self) -> int:
@@ -118,7 +118,7 @@ def _chakra(c, doc, path: tuple, gpus: int | None, names=None) -> Workload | Non
     """A Chakra trace replayed (``chakra: {prefix, comm_groups}``): one rank per GPU, ranks
     on GPUs by ``mapping``; the trace says what each does, so the native schedule's fields
     are refused rather than silently ignored."""
-    from testbed.model import chakra, replay  # the trace reader (protobuf) only when one is asked for
+    from testbed.config import trace as traces  # the trace reader (protobuf) only when one is asked for
     for key in doc:
         if key not in CHAKRA_KEYS and key in KEYS:
             c.problem(path + (key,), "not used with chakra: the trace says what every rank does")
@@ -139,9 +139,9 @@ def _chakra(c, doc, path: tuple, gpus: int | None, names=None) -> Workload | Non
     trace = None
     if prefix is not None:
         try:
-            trace = chakra.load(prefix, groups)
-            replay.check(trace)
-        except chakra.TraceError as exc:
+            trace = traces.load(prefix, groups)
+            traces.check(trace)
+        except traces.TraceError as exc:
             c.problems.extend(exc.problems)  # they name the file and node themselves
             trace = None
     if trace is not None and gpus is not None and len(trace.ranks) != gpus:

@@ -46,10 +46,10 @@ def show(number: str) -> str:
     return catalog.find(number).readme.read_text(encoding="utf-8").rstrip("\n")
 
 
-def run(number: str, results_dir: Path, overrides: list[str]) -> int:
+def run(number: str, results_dir: Path, overrides: list[str], main) -> int:
     """Run the lab's ``run`` commands in order (``all``: every lab), each with
-    ``--results`` and the extra ``--set`` overrides; stop at the first that fails."""
-    from testbed import cli
+    ``--results`` and the extra ``--set`` overrides, through ``main`` (the CLI's entry,
+    argv -> exit status, given by the CLI: labs sit below it); stop at the first that fails."""
 
     labs = catalog.all_labs() if number == "all" else [catalog.find(number)]
     for lab in labs:
@@ -58,7 +58,7 @@ def run(number: str, results_dir: Path, overrides: list[str]) -> int:
         for cmd in lab.runs:
             argv = [*cmd.argv, "--results", str(results_dir)] + [a for o in overrides for a in ("--set", o)]
             print(f"$ python -m testbed {' '.join(argv)}", flush=True)
-            rc = cli.main(argv)
+            rc = main(argv)
             if rc != 0:
                 print(f"lab {lab.number}: the run above failed (exit {rc}); nothing more run")
                 return rc
@@ -73,11 +73,11 @@ def run(number: str, results_dir: Path, overrides: list[str]) -> int:
     return 0
 
 
-def check(number: str, results_dir: Path, run_dirs: list[Path]) -> int:
-    from testbed.analysis import report
+def check(number: str, results_dir: Path, run_dirs: list[Path], parse_args) -> int:
+    from testbed.views import report
 
     lab = catalog.find(number)
-    runs, observations = observe.check(lab, results_dir, run_dirs)
+    runs, observations = observe.check(lab, results_dir, run_dirs, parse_args)
     if len(runs) > 1:
         print(report.compare([v.dir for v in runs.values()]))
         print()

@@ -41,7 +41,7 @@ class RunView:
 
     @cached_property
     def summary(self) -> dict:
-        from testbed.analysis.report import load_summary
+        from testbed.views.report import load_summary
 
         return load_summary(self.dir)
 
@@ -69,14 +69,14 @@ def _json(path: Path) -> dict:
         raise ConfigError(f"{path}: unreadable ({exc})") from None
 
 
-def run_names(lab) -> list[str]:
-    """The scenario name of each of the lab's runs, in the README's order."""
-    from testbed.cli import parser
+def run_names(lab, parse_args) -> list[str]:
+    """The scenario name of each of the lab's runs, in the README's order; ``parse_args``
+    is the CLI's (argv -> its namespace), given by the CLI: labs sit below it."""
     from testbed.config import scenario
 
     names = []
     for cmd in lab.runs:
-        args = parser().parse_args(list(cmd.argv))
+        args = parse_args(list(cmd.argv))
         names.append(scenario.load(args.scenario, args.overrides).name)
     return names
 
@@ -94,10 +94,10 @@ def newest(results_dir: Path, name: str) -> Path | None:
     return max(found)[2] if found else None
 
 
-def collect(lab, results_dir: Path, given: list[Path]) -> dict:
+def collect(lab, results_dir: Path, given: list[Path], parse_args) -> dict:
     """name -> RunView: the given run folders (each must be one of the lab's runs), the
     newest in ``results_dir`` for the others. A missing or foreign run is a ConfigError."""
-    names = run_names(lab)
+    names = run_names(lab, parse_args)
     runs = {}
     for d in given:
         if not Path(d).is_dir():
@@ -140,8 +140,8 @@ def trusted(runs: dict) -> Observation:
                        "a run the machine could not keep up with measures the machine, not the fabric")
 
 
-def check(lab, results_dir: Path, given: list[Path]) -> tuple[dict, list[Observation]]:
-    runs = collect(lab, results_dir, given)
+def check(lab, results_dir: Path, given: list[Path], parse_args) -> tuple[dict, list[Observation]]:
+    runs = collect(lab, results_dir, given, parse_args)
     first = trusted(runs)
     return runs, [first] + list(load_check(lab).observe(runs))
 

@@ -37,34 +37,6 @@ def gpus_of_ranks(workload, hosts) -> list:
     return schedule.ranks(workload, hosts)
 
 
-def check(trace):
-    """What must hold across ranks before anything runs: point-to-point messages pair up
-    (a send of B bytes to rank q is the next receive from this rank that q lists, of B
-    bytes). Collectives are matched while building (``build_plan``)."""
-    sends, recvs = {}, {}
-    for rt in trace.ranks:
-        for node in rt.nodes:
-            if node.kind == "send":
-                sends.setdefault((rt.rank, node.peer), []).append((node, rt))
-            elif node.kind == "recv":
-                recvs.setdefault((node.peer, rt.rank), []).append((node, rt))
-    for pair in sorted(set(sends) | set(recvs)):
-        s, r = sends.get(pair, []), recvs.get(pair, [])
-        for i in range(max(len(s), len(r))):
-            if i >= len(r):
-                node, rt = s[i]
-                raise TraceError(f"{rt.file}: node {node.id}: send {i + 1} to rank {pair[1]} has no matching receive "
-                                 f"(rank {pair[1]} receives {len(r)} message(s) from rank {pair[0]})")
-            if i >= len(s):
-                node, rt = r[i]
-                raise TraceError(f"{rt.file}: node {node.id}: receive {i + 1} from rank {pair[0]} has no matching "
-                                 f"send (rank {pair[0]} sends {len(s)} message(s) to rank {pair[1]})")
-            if s[i][0].bytes != r[i][0].bytes:
-                node, rt = r[i]
-                raise TraceError(f"{rt.file}: node {node.id}: receives {node.bytes} bytes from rank {pair[0]}, whose "
-                                 f"matching send (node {s[i][0].id}) sends {s[i][0].bytes}")
-
-
 class _Replay(schedule._Builder):
     def broadcast(self, group, size, deps, it, phase, cid, link):
         """Pipelined chain from group[0]: the buffer in n chunks, each forwarded as soon as it

@@ -288,7 +288,7 @@ class Run:
         """summary.json and report.html from whatever the run collected, and the terminal
         summary. A failure here is reported, never raised over the run's own outcome."""
         try:
-            from testbed.analysis.report import build
+            from testbed.views.report import build
             from testbed.views.summary import terminal
 
             summary, report_path = build(self.run_dir)
@@ -343,7 +343,7 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
 
 def run_report(run_dir: Path):
     """summary.json and report.html rebuilt (after baselines), the terminal summary logged."""
-    from testbed.analysis.report import build
+    from testbed.views.report import build
     from testbed.views.summary import terminal
 
     summary, report_path = build(run_dir)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from testbed.model import chakra, replay
+from testbed.config import trace as traces
 from testbed.units import format_duration, format_size
 
 
 def render(prefix: str, groups_file: str | None = None) -> str:
-    trace = chakra.load(prefix, groups_file)
-    replay.check(trace)
-    s = chakra.summary(trace)
+    trace = traces.load(prefix, groups_file)
+    traces.check(trace)
+    s = traces.summary(trace)
     out = [f"chakra trace {prefix}: {s['ranks']} ranks (files {trace.ranks[0].file} .. {trace.ranks[-1].file}), "
            f"schema version {', '.join(v or '(none)' for v in s['versions'])}"]
     out.append("  nodes: " + ", ".join(f"{n} {kind}" for kind, n in sorted(s["nodes"].items())))

@@ -12,7 +12,8 @@ import pytest
 
 from testbed.config import scenario
 from testbed.errors import ConfigError
-from testbed.model import chakra, plan as planning
+from testbed.config import trace as traces
+from testbed.model import plan as planning
 from testbed.paths import ROOT, TRAFFIC_DIR
 from testbed.wire import chakra as wire
 
@@ -96,7 +97,7 @@ def two_ranks(folder, first, second=None):
 def test_a_bad_node_is_one_line_naming_file_and_node(tmp_path, nodes, expect):
     prefix = two_ranks(tmp_path, nodes)
     with pytest.raises(wire.TraceError) as err:
-        chakra.load(prefix)
+        traces.load(prefix)
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"{tmp_path}/t.0.et: {expect}")
 
 
@@ -104,25 +105,23 @@ def test_a_missing_rank_file_is_named(tmp_path):
     prefix = write_trace(tmp_path, [[(1, 4, (), {}, 1)]] * 3)
     (tmp_path / "t.1.et").unlink()
     with pytest.raises(wire.TraceError) as err:
-        chakra.load(prefix)
+        traces.load(prefix)
     assert str(err.value) == f"{prefix}.1.et: rank file missing (found ranks 0, 2)"
     with pytest.raises(wire.TraceError, match=r"t\.0\.et: no such file"):
-        chakra.load(str(tmp_path / "nothing" / "t"))
+        traces.load(str(tmp_path / "nothing" / "t"))
 
 
 def test_unmatched_messages_and_collectives_are_named(tmp_path):
-    from testbed.model import replay
-
     send = (1, 5, (), {"comm_dst": 1, "comm_size": 64}, 0)
     recv = (1, 6, (), {"comm_src": 0, "comm_size": 32}, 0)
-    trace = chakra.load(two_ranks(tmp_path, [send], [recv]))
+    trace = traces.load(two_ranks(tmp_path, [send], [recv]))
     with pytest.raises(wire.TraceError) as err:
-        replay.check(trace)
+        traces.check(trace)
     assert str(err.value) == (f"{tmp_path}/t.1.et: node 1: receives 32 bytes from rank 0, whose matching send "
                               f"(node 1) sends 64")
-    trace = chakra.load(two_ranks(tmp_path, [send], [(1, 4, (), {}, 1)]))
+    trace = traces.load(two_ranks(tmp_path, [send], [(1, 4, (), {}, 1)]))
     with pytest.raises(wire.TraceError, match=r"t\.0\.et: node 1: send 1 to rank 1 has no matching receive"):
-        replay.check(trace)
+        traces.check(trace)
 
 
 def scenario_with(tmp_path, prefix, *sets):

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from testbed import units
-from testbed.analysis import fidelity, kpis, report, results
+from testbed.analysis import fidelity, kpis, results
+from testbed.views import report
 from testbed.views import summary as summary_text
 from testbed.views.progress import Progress
 

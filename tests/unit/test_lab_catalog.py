@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import testbed.cli
 from testbed.errors import ConfigError
 from testbed.labs import catalog, observe
 from testbed.paths import ROOT
@@ -51,7 +52,7 @@ def test_every_shipped_lab_loads_in_teaching_order_and_names_its_own_runs(in_rep
     assert [lab.number for lab in labs] == list(range(1, len(labs) + 1)) and len(labs) >= 9
     seen = set()
     for lab in labs:
-        names = observe.run_names(lab)  # every run command's scenario loads and validates
+        names = observe.run_names(lab, testbed.cli.parser().parse_args)  # every run command's scenario loads and validates
         assert all(n.startswith(f"lab{lab.number:02d}-") for n in names), (lab.slug, names)
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -113,7 +114,7 @@ def test_newest_run_of_a_scenario_is_picked_by_its_start_time(tmp_path):
 
 
 def test_a_labs_report_shows_the_plots_it_talks_about_first(tmp_path):
-    from testbed.analysis import report
+    from testbed.views import report
     from testbed.config.scenario import REPORT_SECTIONS
 
     (tmp_path / "scenario.yaml").write_text("name: x\nreport: {first: [counters, queues]}\n")

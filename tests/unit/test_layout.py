@@ -3,6 +3,7 @@ os-ken, pyroute2 or Scapy; each heavy dependency is imported in one place; modul
 functions stay small enough to read."""
 
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ PURE = ("config", "model", "wire", "analysis", "views")
 # where each heavy dependency may be imported (package or module)
 HOMES = {"mininet": ("apply/fabric.py",), "os_ken": ("controller/app.py", "controller/__main__.py"),
          "pyroute2": ("apply/tc.py",), "scapy": ("wire/reference.py",), "pandas": ("analysis/results.py",),
-         "plotly": ("analysis/report.py",), "google": ("wire/chakra.py",)}
+         "plotly": ("views/report.py",), "google": ("wire/chakra.py",)}
 BLOCKER = f"""
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
@@ -134,3 +135,76 @@ def test_the_dilation_is_converted_only_in_units():
     found = {path.relative_to(PACKAGE).as_posix(): raw_dilation(path.read_text())
              for path in PACKAGE.rglob("*.py") if path.name != "units.py"}
     assert {p: hits for p, hits in found.items() if hits} == {}
+
+
+# the floors, lowest first: a module imports from its own package or a lower floor only;
+# ``units``, ``errors``, ``paths``, ``jsonlines`` and ``wire`` are the ground every floor stands on
+GROUND = ("units", "errors", "paths", "jsonlines", "wire", "__init__", "__version__")
+FLOORS = (("config",), ("model",), ("apply",), ("controller", "agent"), ("analysis",), ("views",), ("run", "labs"),
+          ("cli",))  # testbed/__main__.py is the cli's
+
+
+def _floor(package: str):
+    if package in GROUND:
+        return -1
+    return next(i for i, names in enumerate(FLOORS) if package in names)
+
+
+def _testbed_imports(src: str) -> list:
+    """(line, imported testbed module's first part below ``testbed``) for every import, lazy ones too."""
+    out = []
+    for node in ast.walk(ast.parse(src)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [f"{node.module}.{a.name}" for a in node.names] if node.module == "testbed" else [node.module]
+        out += [(node.lineno, n.split(".")[1]) for n in names if n.startswith("testbed.")]
+    return out
+
+
+def floor_violations(rel: str, src: str) -> list:
+    """Imports in module ``rel`` (a path below testbed/) that point to a higher floor, or to
+    another package of its own floor."""
+    here = rel.split("/")[0].removesuffix(".py").replace("__main__", "cli")
+    out = []
+    for line, there in _testbed_imports(src):
+        there = there.replace("__main__", "cli")
+        if there == here or _floor(there) == -1:
+            continue
+        if _floor(here) == -1 or _floor(there) >= _floor(here):
+            out.append(f"{rel}:{line} imports testbed.{there}")
+    return out
+
+
+def test_the_floors_point_down():
+    planted = {"config/x.py": "from testbed.model import plan\n", "wire/x.py": "import testbed.config.scenario\n",
+               "agent/x.py": "def f():\n    from testbed.controller import routing\n",
+               "views/x.py": "from testbed import analysis, units\n"}
+    assert [v for rel, src in planted.items() for v in floor_violations(rel, src)] == [
+        "config/x.py:1 imports testbed.model", "wire/x.py:1 imports testbed.config", "agent/x.py:2 imports testbed.controller"]
+    found = [v for path in sorted(PACKAGE.rglob("*.py"))
+             for v in floor_violations(path.relative_to(PACKAGE).as_posix(), path.read_text())]
+    assert found == []
+
+
+def module_graph(paths) -> dict:
+    """testbed module -> the testbed modules it imports (lazy imports too)."""
+    names = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in paths}
+    graph = {}
+    for name, path in names.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                         for a in node.names} & set(names)
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_no_import_cycle():
+    with pytest.raises(graphlib.CycleError):  # the check sees a planted one
+        tuple(graphlib.TopologicalSorter({"a": {"b"}, "b": {"c"}, "c": {"a"}}).static_order())
+    tuple(graphlib.TopologicalSorter(module_graph(PACKAGE.rglob("*.py"))).static_order())

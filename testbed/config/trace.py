@@ -1,4 +1,6 @@
-"""A Chakra execution trace as plain data, checked for what a replay needs (no root).
+"""A Chakra execution trace as plain data, read and checked for what a replay needs (no
+root): input the user gives, checked with the rest of the scenario (config stage), before
+``model.replay`` turns it into the schedule.
 
 A trace is one file per rank, ``PREFIX.<rank>.et`` (ranks 0 .. n-1, none missing), and
 optionally a communicator-group file (ASTRA-sim's ``comm_group`` JSON: ``{"pg name":
@@ -284,3 +286,30 @@ def summary(trace: Trace) -> dict:
             "groups_file": trace.groups_file, "critical_path_compute_ns": max(paths, default=0),
             "critical_path_rank": paths.index(max(paths)) if paths else 0}
 
+
+def check(trace):
+    """What must hold across ranks before anything runs: point-to-point messages pair up
+    (a send of B bytes to rank q is the next receive from this rank that q lists, of B
+    bytes). Collectives are matched while building (``build_plan``)."""
+    sends, recvs = {}, {}
+    for rt in trace.ranks:
+        for node in rt.nodes:
+            if node.kind == "send":
+                sends.setdefault((rt.rank, node.peer), []).append((node, rt))
+            elif node.kind == "recv":
+                recvs.setdefault((node.peer, rt.rank), []).append((node, rt))
+    for pair in sorted(set(sends) | set(recvs)):
+        s, r = sends.get(pair, []), recvs.get(pair, [])
+        for i in range(max(len(s), len(r))):
+            if i >= len(r):
+                node, rt = s[i]
+                raise TraceError(f"{rt.file}: node {node.id}: send {i + 1} to rank {pair[1]} has no matching receive "
+                                 f"(rank {pair[1]} receives {len(r)} message(s) from rank {pair[0]})")
+            if i >= len(s):
+                node, rt = r[i]
+                raise TraceError(f"{rt.file}: node {node.id}: receive {i + 1} from rank {pair[0]} has no matching "
+                                 f"send (rank {pair[0]} sends {len(s)} message(s) to rank {pair[1]})")
+            if s[i][0].bytes != r[i][0].bytes:
+                node, rt = r[i]
+                raise TraceError(f"{rt.file}: node {node.id}: receives {node.bytes} bytes from rank {pair[0]}, whose "
+                                 f"matching send (node {s[i][0].id}) sends {s[i][0].bytes}")
