@@ -226,10 +226,10 @@ def main(argv=None) -> int:
                 return 143
             print(result.run_dir)
         elif args.command == "queues":
-            from testbed.views import queues as queuestat
+            from testbed.views import queues
 
             try:
-                return queuestat.main(args.run, args.watch, args.json)
+                return queues.main(args.run, args.watch, args.json)
             except KeyboardInterrupt:
                 return 0
         elif args.command == "report":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.views import queues as queuestat
+from testbed.apply import live
 from testbed.apply import registry
 from testbed.analysis import results
 from testbed import run
@@ -65,7 +65,7 @@ def test_incast_marks_equal_ce_at_receiver_drops_only_at_buffer(tmp_path):
         out.update(pq=pq, sent=sent, counts=counts, samples=samples,
                    marker=ctx.egress.counters("leaf1-eth1"), tbf=ctx.egress.tc.qdisc_stats("leaf1-eth1"))
         (me,) = [r for r in registry.live_runs().values() if r["pid"] == os.getpid()]
-        (out["view"],) = [r for r in queuestat.snapshot(me) if r["intf"] == "leaf1-eth1"]
+        (out["view"],) = [r for r in live.snapshot(me) if r["intf"] == "leaf1-eth1"]
         out["tc_text"] = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "leaf1-eth1"], capture_output=True,
                                         text=True, check=True, timeout=30).stdout
 

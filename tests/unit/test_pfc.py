@@ -93,7 +93,7 @@ def test_the_pfc_process_polls_in_fabric_time_within_the_guards_reaction_budget(
 
 
 def test_queues_view_counts_pfc_events(tmp_path):
-    from testbed.views.queues import pfc_counts
+    from testbed.apply.live import pfc_counts
 
     events = tmp_path / "pfc.jsonl"
     lines = [{"event": "xoff_sent", "port": "leaf2-eth5"}, {"event": "paused", "port": "spine1-eth2"},
