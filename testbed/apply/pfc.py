@@ -2,7 +2,7 @@
 
 One process per run in the root namespace (where every switch port lives; in a cluster
 run one per server, for that server's ports: run/share.py), started by
-``PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
+``apply.pfc_daemon.PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
 PFC pauses) and the run's BPF pin folder. Every ``model.pfc.poll_period_ns(dilation)`` (50 ns of fabric time, at least 1 ms) it reads each switch port's shadow queue (the marker's
 map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it; a queue far below XOFF is
 not read again until it could have reached it at its feeders' line rates
@@ -44,14 +44,12 @@ import socket
 import struct
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.apply.bpfmap import Map
-from testbed.jsonlines import read_events
-from testbed.apply.process import Child
 from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
-from testbed.errors import RunError
 from testbed.model.pfc import OVS_BATCH_PACKETS, Hysteresis, poll_period_ns, quiet_until_ns
 from testbed.model.queues import MTU_BYTES
 from testbed.units import Dilation
@@ -82,17 +80,67 @@ class Port:
     quiet_until_ns: int = 0  # its queue cannot pass XOFF before then: not read until then
 
 
+class SwitchPorts:
+    """What the PFC process touches on this machine: each switch port's PFC and restart
+    sockets and its TBF, and the run's marker maps (the shadow queues, the marker's config,
+    our counters for the collector). Pfcd gets it (or a fake, in the unit tests) as ``dp``;
+    everything it opened closes on exit."""
+
+    drain = staticmethod(pfc.drain)
+
+    def __init__(self, pins: str):
+        self.pins = pins
+
+    def __enter__(self):
+        self.stack = ExitStack()
+        try:
+            self.tc = self.stack.enter_context(PortTc())
+            self.cfg_map = self.stack.enter_context(Map(self.pins + "/testbed_cfg", bpfmaps.CFG_SIZE))
+            self.state_map = self.stack.enter_context(Map(self.pins + "/testbed_state", bpfmaps.STATE_SIZE))
+            self.pfc_map = self.stack.enter_context(Map(self.pins + "/testbed_pfc", bpfmaps.PFC_SIZE))
+        except BaseException:
+            self.stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stack.close()
+        return False
+
+    def open_port(self, intf: str) -> tuple:
+        """(ifindex, MAC, PFC socket, restart socket) of a switch port."""
+        mac = Path(f"/sys/class/net/{intf}/address").read_text().strip()
+        sock = self.stack.enter_context(pfc.open_socket(intf))
+        restart = self.stack.enter_context(pfc.open_restart_socket(intf))
+        return socket.if_nametoindex(intf), mac, sock, restart
+
+    def state(self, ifindex: int) -> bytes | None:
+        return self.state_map.lookup(ifindex, lock=True)
+
+    def cfg(self, ifindex: int) -> bytes | None:
+        return self.cfg_map.lookup(ifindex)
+
+    def set_cfg(self, ifindex: int, raw: bytes):
+        self.cfg_map.update(ifindex, raw)
+
+    def publish(self, ifindex: int, raw: bytes):
+        self.pfc_map.update(ifindex, raw)
+
+    def set_rate(self, intf: str, rate_bps: float, burst_bytes: int, limit_bytes: int):
+        self.tc.set_rate(intf, rate_bps, burst_bytes, limit_bytes)
+
+
 class Pfcd:
-    def __init__(self, plan: dict, pins: str, events: str, switches=None):
+    """The PFC decisions of one process, on the clock and ports it is given (``dp``:
+    SwitchPorts, or a fake; ``clock``: CLOCK_MONOTONIC ns, the BPF clock; ``out``: where
+    its records go), so the unit tests run it on a fake clock and fake ports."""
+
+    def __init__(self, plan: dict, dp, out, clock=time.monotonic_ns, switches=None):
         """``switches``: the switches whose ports are on this machine (a cluster run's share:
         each server's PFC process serves its own ports; a pause for a feeder at a tunnel end
         crosses to the other server's process like any frame), None for all."""
         self.d = Dilation(plan["dilation"])
-        self.out = open(events, "a", buffering=1)
-        self.tc = PortTc()
-        self.cfg_map = Map(pins + "/testbed_cfg", bpfmaps.CFG_SIZE)
-        self.state_map = Map(pins + "/testbed_state", bpfmaps.STATE_SIZE)
-        self.pfc_map = Map(pins + "/testbed_pfc", bpfmaps.PFC_SIZE)  # our counters, for the collector
+        self.dp, self.out, self.clock = dp, out, clock
         self.ports: dict[str, Port] = {}
         self.poll_ns = poll_period_ns(self.d)
         # the emulation's own share of the pause reaction (the fidelity guard's input): the
@@ -103,12 +151,12 @@ class Pfcd:
             if switches is not None and pq["switch"] not in switches:
                 continue
             intf = pq["intf"]
-            mac = Path(f"/sys/class/net/{intf}/address").read_text().strip()
+            ifindex, mac, sock, restart = dp.open_port(intf)
             pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
             hyst = Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
             self.ports[intf] = Port(pq=pq, rate_bps=pq["emulated_rate_bps"], real_rate_bps=pq["rate_bps"],
-                                    ifindex=socket.if_nametoindex(intf), mac=mac, sock=pfc.open_socket(intf),
-                                    restart=pfc.open_restart_socket(intf), feeders=tuple(pq["feeders"]), hyst=hyst)
+                                    ifindex=ifindex, mac=mac, sock=sock, restart=restart,
+                                    feeders=tuple(pq["feeders"]), hyst=hyst)
         # a queue grows at most as fast as its feeders' links deliver (their plan rates: a link
         # event only slows one), plus their shapers' buckets and one OVS batch each
         for port in self.ports.values():
@@ -122,7 +170,7 @@ class Pfcd:
 
     def publish(self, port: Port):
         """A port's counters into the run's testbed_pfc map, where the collector reads them."""
-        self.pfc_map.update(port.ifindex, bpfmaps.pack_pfc_counters(
+        self.dp.publish(port.ifindex, bpfmaps.pack_pfc_counters(
             frames_sent=port.frames_sent, xoff_sent=port.xoff_sent, frames_received=port.frames_received,
             paused_ns=port.paused_total_ns, paused_since_ns=port.paused_since_ns or 0,
             headroom_high_water_bytes=port.headroom_high_water_bytes))
@@ -152,7 +200,7 @@ class Pfcd:
                 self.reads["queue_reads_skipped"] += 1
                 continue
             self.reads["queue_reads"] += 1
-            raw = self.state_map.lookup(port.ifindex, lock=True)
+            raw = self.dp.state(port.ifindex)
             if raw is None:
                 continue
             state = bpfmaps.marker_state(raw)
@@ -185,14 +233,14 @@ class Pfcd:
         if paused == (port.paused_since_ns is not None):
             return
         rate = PAUSED_RATE_BPS if paused else port.rate_bps
-        self.tc.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
+        self.dp.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
         if not paused:
             try:  # the TBF still waits on the watchdog it set at the paused rate: restart it now
                 port.restart.send(pfc.restart_frame(port.mac))
             except OSError as exc:
                 self.record(t_ns=now, event="restart_failed", port=pq["intf"], error=str(exc))
         if paused:
-            took = time.monotonic_ns() - now
+            took = self.clock() - now
             self.reaction["pause_apply_max_ns"] = max(self.reaction["pause_apply_max_ns"], took)
         self.update_cfg(port, bpfmaps.CFG_PAUSED, int(paused))
         if paused:
@@ -205,11 +253,11 @@ class Pfcd:
 
     def update_cfg(self, port: Port, index: int, value: int):
         """One field of the port's marker config (the run wrote the rest)."""
-        raw = self.cfg_map.lookup(port.ifindex)
+        raw = self.dp.cfg(port.ifindex)
         if raw is not None:
             fields = list(struct.unpack(bpfmaps.CFG_FORMAT, raw))
             fields[index] = value
-            self.cfg_map.update(port.ifindex, struct.pack(bpfmaps.CFG_FORMAT, *fields))
+            self.dp.set_cfg(port.ifindex, struct.pack(bpfmaps.CFG_FORMAT, *fields))
 
     def set_rate(self, real_rate_bps: float, intfs: list, now: int):
         """A link event's new rate on ports (both ends of the links): the marker's shadow
@@ -222,7 +270,7 @@ class Pfcd:
             self.update_cfg(port, bpfmaps.CFG_RATE, int(port.rate_bps))
             if port.paused_since_ns is None:
                 pq = port.pq
-                self.tc.set_rate(intf, port.rate_bps, pq["burst_bytes"], pq["fifo_limit_bytes"])
+                self.dp.set_rate(intf, port.rate_bps, pq["burst_bytes"], pq["fifo_limit_bytes"])
                 try:  # a TBF keeps the watchdog it set at the old rate: restart it at the new one
                     port.restart.send(pfc.restart_frame(port.mac))
                 except OSError as exc:
@@ -237,7 +285,7 @@ class Pfcd:
         print("rate ok", flush=True)
 
     def receive(self, port: Port, now: int):
-        for src, quanta in pfc.drain(port.sock):
+        for src, quanta in self.dp.drain(port.sock):
             if src == port.mac:
                 continue  # our own frame, seen on the way out
             if pfc.LOSSLESS_PRIORITY not in quanta:
@@ -260,11 +308,11 @@ class Pfcd:
     # -- loop ------------------------------------------------------------------------------
     def run(self, control):
         socks = {p.sock.fileno(): p for p in self.ports.values()}
-        next_poll = last_poll = time.monotonic_ns()
+        next_poll = last_poll = self.clock()
         while True:
-            timeout = max(0.0, (next_poll - time.monotonic_ns()) / 1e9)
+            timeout = max(0.0, (next_poll - self.clock()) / 1e9)
             readable, _, _ = select.select(list(socks) + [control], [], [], timeout)
-            now = time.monotonic_ns()
+            now = self.clock()
             for fd in readable:
                 if fd is control:
                     line = control.readline()
@@ -280,10 +328,10 @@ class Pfcd:
                 next_poll = max(next_poll + self.poll_ns, now)
 
     def report(self):
-        now = time.monotonic_ns()
+        now = self.clock()
         for port in self.ports.values():
             paused = port.paused_total_ns + (now - port.paused_since_ns if port.paused_since_ns else 0)
-            raw = self.state_map.lookup(port.ifindex, lock=True)
+            raw = self.dp.state(port.ifindex)
             drops = bpfmaps.marker_state(raw)["drops"] if raw else 0
             self.record(event="port", port=port.pq["intf"], frames_sent=port.frames_sent,
                         xoff_sent=port.xoff_sent, frames_received=port.frames_received, paused_ns=paused,
@@ -306,85 +354,19 @@ def parse_rate_command(line: str, ports) -> tuple[float, list]:
     return float(words[1]), words[2:]
 
 
-class PfcDaemon:
-    """Context manager: the run's PFC process, started once its ports exist, ended (by
-    closing its stdin, then by PID) on exit. ``set_rate`` hands it a link event's rate."""
-
-    READY_TIMEOUT_S = 30
-    EXIT_TIMEOUT_S = 10
-    RATE_TIMEOUT_S = 10
-
-    def __init__(self, plan_path: Path, pins: Path, run_dir: Path, record, switches=None):
-        """``switches``: the switches whose ports it serves (a cluster run's share), None for all."""
-        self.run_dir, self.record = run_dir, record
-        self.events = run_dir / "pfc.jsonl"
-        argv = [sys.executable, "-m", "testbed.apply.pfc", str(plan_path), str(pins), str(self.events)]
-        if switches is not None:
-            argv.append(",".join(switches))
-        self.child = Child("the PFC process", argv, log=run_dir / "pfcd.log")
-
-    def __enter__(self):
-        self.child.start()
-        self.record.add(processes=[self.child.pid])
-        try:
-            self.child.expect("ready", time.monotonic() + self.READY_TIMEOUT_S, "the PFC process to start")
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def set_rate(self, real_rate_bps: int, intfs) -> int:
-        """Ports' data class to ``real_rate_bps`` (x dilation here); returns when the process
-        has done it (CLOCK_MONOTONIC ns). Called from one thread (the link events')."""
-        self.child.send(f"rate {int(real_rate_bps)} {' '.join(intfs)}")
-        self.child.expect("rate ok", time.monotonic() + self.RATE_TIMEOUT_S,
-                          f"the PFC process to set {', '.join(intfs)} to {real_rate_bps} bit/s")
-        return time.monotonic_ns()
-
-    def check_alive(self):
-        if not self.child.alive():
-            raise RunError(f"the PFC process ended ({self.child.last_words()})")
-
-    def __exit__(self, *exc):
-        self.child.close_stdin()
-        self.child.end(self.EXIT_TIMEOUT_S)
-        return False
-
-    def totals(self) -> dict:
-        return totals(self.events)
-
-
-def totals(events: Path) -> dict:
-    """Per-port counters the PFC processes wrote at exit, summed, the ports that paused, and
-    their reaction (the events of every server's process in a cluster run: XOFF decisions
-    summed, the worst detection and pause-application times)."""
-    records = list(read_events(events))
-    ports = [r for r in records if r.get("event") == "port"]
-    keys = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "drops")
-    out = {k: sum(p[k] for p in ports) for k in keys}
-    out["paused_ports"] = sorted(p["port"] for p in ports if p["frames_received"])
-    out["headroom_high_water_bytes"] = max((p["headroom_high_water_bytes"] for p in ports), default=0)
-    for r in records:
-        if r.get("event") == "reaction":
-            for k, v in r.items():
-                if k == "xoff_polls":
-                    out[k] = out.get(k, 0) + v
-                elif k != "event":
-                    out[k] = max(out.get(k, 0), v)
-    return out
-
-
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     plan_path, pins, events = args[:3]
     switches = args[3].split(",") if len(args) > 3 else None
     with open(plan_path) as f:
-        daemon = Pfcd(json.load(f), pins, events, switches)
-    print("ready", flush=True)
-    try:
-        daemon.run(sys.stdin)
-    finally:
-        daemon.report()
+        plan = json.load(f)
+    with SwitchPorts(pins) as dp, open(events, "a", buffering=1) as out:
+        daemon = Pfcd(plan, dp, out, switches=switches)
+        print("ready", flush=True)
+        try:
+            daemon.run(sys.stdin)
+        finally:
+            daemon.report()
     return 0
 
 

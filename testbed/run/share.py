@@ -131,7 +131,7 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
     up.plan_path.write_text(json.dumps(plan.to_dict()))
     up.collector = stack.enter_context(QueueCollector(plan, telemetry, egress.marker.dir, share.switches))
     if any(pq.pfc for pq in share.queues):
-        from testbed.apply.pfc import PfcDaemon
+        from testbed.apply.pfc_daemon import PfcDaemon
 
         up.pfcd = up.pfc_stack.enter_context(PfcDaemon(up.plan_path, egress.marker.dir, telemetry, record,
                                                        switches=share.switches))

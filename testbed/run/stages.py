@@ -184,7 +184,7 @@ class Run:
         # the PFC process also owns the data class's rate: a run whose events slow a link needs it
         self.pfc_on = any(pq.pfc for pq in self.plan.queues)
         if self.pfc_on or any(e.rate_bps for e in self.plan.events):
-            from testbed.apply.pfc import PfcDaemon
+            from testbed.apply.pfc_daemon import PfcDaemon
 
             self.pfcd = stack.enter_context(PfcDaemon(self.plan_path, self.egress.marker.dir, self.run_dir,
                                                       self.record, switches=here.switches if here else None))
