@@ -13,6 +13,7 @@ from testbed.apply.bpfmap import BpfError, Map
 from testbed.apply.marker import PIN_ROOT
 from testbed.errors import RunError
 from testbed.jsonlines import read_events
+from testbed.model.queues import from_plan
 from testbed.wire import bpfmaps
 
 
@@ -66,19 +67,19 @@ def snapshot(run: dict) -> list[dict]:
 
     with state_map, cfg_map, PortTc() as tc:
         now = time.monotonic_ns()
-        for pq in plan["queues"]:
-            idx = tc.ifindex(pq["intf"])
+        for pq in from_plan(plan):
+            idx = tc.ifindex(pq.intf)
             raw = state_map.lookup(idx, lock=True)
             s = bpfmaps.marker_state(raw) if raw else {k: 0 for k in bpfmaps.STATE_FIELDS}
             cfg = cfg_map.lookup(idx)
             # the rate in force: a link event may have slowed the port
-            emulated = bpfmaps.cfg_rate_bps(cfg) if cfg else pq["emulated_rate_bps"]
+            emulated = bpfmaps.cfg_rate_bps(cfg) if cfg else pq.emulated_rate_bps
             depth = bpfmaps.shadow_depth_now(s, emulated, now) if raw else 0.0
-            q = tc.qdisc_stats(pq["intf"])
-            rows.append({**pq, "emulated_rate_bps": emulated, "rate_bps": pq["rate_bps"] * emulated
-                         / pq["emulated_rate_bps"], "depth_bytes": depth, "max_depth_bytes": s["max_depth_bytes"],
+            q = tc.qdisc_stats(pq.intf)
+            rows.append({**pq.to_dict(), "emulated_rate_bps": emulated, "rate_bps": pq.rate_bps * emulated
+                         / pq.emulated_rate_bps, "depth_bytes": depth, "max_depth_bytes": s["max_depth_bytes"],
                          "packets": s["packets"], "ect": s["ect"], "marked": s["marked"], "drops": s["drops"],
                          "tbf_backlog_bytes": q["backlog_bytes"], "tbf_drops": q["drops"],
                          "control_packets": s["control_packets"],
-                         **pfc.get(pq["intf"], {"pfc_sent": 0, "pauses": 0, "paused": False})})
+                         **pfc.get(pq.intf, {"pfc_sent": 0, "pauses": 0, "paused": False})})
     return rows

@@ -51,14 +51,14 @@ from pathlib import Path
 from testbed.apply.bpfmap import Map
 from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
 from testbed.model.pfc import OVS_BATCH_PACKETS, Hysteresis, poll_period_ns, quiet_until_ns
-from testbed.model.queues import MTU_BYTES
+from testbed.model.queues import MTU_BYTES, PortQueue, from_plan
 from testbed.units import Dilation
 from testbed.wire import bpfmaps, pfc
 
 
 @dataclass
 class Port:
-    pq: dict  # model.queues.PortQueue as a dict (from plan.json)
+    pq: PortQueue  # the plan's settings for this port
     rate_bps: float  # the data class's emulated rate in force (the plan's until a link event slows it)
     real_rate_bps: float  # the same on the real fabric
     ifindex: int
@@ -147,22 +147,22 @@ class Pfcd:
         # longest a queue's crossing of XOFF could have gone unseen (the gap since the poll
         # before the one that sent the XOFF), and the longest a received pause took to apply
         self.reaction = {"xoff_polls": 0, "xoff_detect_max_ns": 0, "pause_apply_max_ns": 0}
-        for pq in plan["queues"]:
-            if switches is not None and pq["switch"] not in switches:
+        for pq in from_plan(plan):
+            if switches is not None and pq.switch not in switches:
                 continue
-            intf = pq["intf"]
+            intf = pq.intf
             ifindex, mac, sock, restart = dp.open_port(intf)
-            pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq["rate_bps"]))
-            hyst = Hysteresis(pq["xoff_bytes"], pq["xon_bytes"], pause_ns) if pq["pfc"] else None
-            self.ports[intf] = Port(pq=pq, rate_bps=pq["emulated_rate_bps"], real_rate_bps=pq["rate_bps"],
+            pause_ns = self.d.duration_ns(pfc.pause_ns(pfc.MAX_QUANTA, pq.rate_bps))
+            hyst = Hysteresis(pq.xoff_bytes, pq.xon_bytes, pause_ns) if pq.pfc else None
+            self.ports[intf] = Port(pq=pq, rate_bps=pq.emulated_rate_bps, real_rate_bps=pq.rate_bps,
                                     ifindex=ifindex, mac=mac, sock=sock, restart=restart,
-                                    feeders=tuple(pq["feeders"]), hyst=hyst)
+                                    feeders=pq.feeders, hyst=hyst)
         # a queue grows at most as fast as its feeders' links deliver (their plan rates: a link
         # event only slows one), plus their shapers' buckets and one OVS batch each
         for port in self.ports.values():
             fed = [self.ports[f].pq for f in port.feeders if f in self.ports]
-            port.fill_bps = sum(f["emulated_rate_bps"] for f in fed)
-            port.slack_bytes = sum(f["burst_bytes"] + OVS_BATCH_PACKETS * MTU_BYTES for f in fed)
+            port.fill_bps = sum(f.emulated_rate_bps for f in fed)
+            port.slack_bytes = sum(f.burst_bytes + OVS_BATCH_PACKETS * MTU_BYTES for f in fed)
         self.reads = {"queue_reads": 0, "queue_reads_skipped": 0}  # how much reading the quiet ports saves
 
     def record(self, **fields):
@@ -183,12 +183,12 @@ class Pfcd:
             if exc.errno not in pfc.LINK_GONE_ERRNOS:
                 raise
             # the link is down (a link event): the frame is lost with it, as on a cable
-            self.record(t_ns=now, event="send_failed_link_down", port=port.pq["intf"], quanta=quanta, why=why)
+            self.record(t_ns=now, event="send_failed_link_down", port=port.pq.intf, quanta=quanta, why=why)
             return
         port.frames_sent += 1
         if quanta:
             port.xoff_sent += 1
-        self.record(t_ns=now, event="xoff_sent" if quanta else "xon_sent", port=port.pq["intf"], quanta=quanta,
+        self.record(t_ns=now, event="xoff_sent" if quanta else "xon_sent", port=port.pq.intf, quanta=quanta,
                     why=why)
         self.publish(port)
 
@@ -206,12 +206,12 @@ class Pfcd:
             state = bpfmaps.marker_state(raw)
             rate = 0.0 if port.paused_since_ns is not None else port.rate_bps
             depth = bpfmaps.shadow_depth_now(state, rate, now)
-            if depth - port.pq["xoff_bytes"] > port.headroom_high_water_bytes:
-                port.headroom_high_water_bytes = depth - port.pq["xoff_bytes"]
+            if depth - port.pq.xoff_bytes > port.headroom_high_water_bytes:
+                port.headroom_high_water_bytes = depth - port.pq.xoff_bytes
                 self.publish(port)
             action = port.hyst.update(depth, now)
             if now >= port.hyst.paused_until_ns:  # not pausing its feeders: quiet until it could pass XOFF
-                port.quiet_until_ns = quiet_until_ns(depth, port.pq["xoff_bytes"], port.fill_bps, port.slack_bytes,
+                port.quiet_until_ns = quiet_until_ns(depth, port.pq.xoff_bytes, port.fill_bps, port.slack_bytes,
                                                      now)
             if action == "xoff":
                 self.reaction["xoff_polls"] += 1
@@ -233,12 +233,12 @@ class Pfcd:
         if paused == (port.paused_since_ns is not None):
             return
         rate = PAUSED_RATE_BPS if paused else port.rate_bps
-        self.dp.set_rate(pq["intf"], rate, pq["burst_bytes"], pq["fifo_limit_bytes"])
+        self.dp.set_rate(pq.intf, rate, pq.burst_bytes, pq.fifo_limit_bytes)
         if not paused:
             try:  # the TBF still waits on the watchdog it set at the paused rate: restart it now
                 port.restart.send(pfc.restart_frame(port.mac))
             except OSError as exc:
-                self.record(t_ns=now, event="restart_failed", port=pq["intf"], error=str(exc))
+                self.record(t_ns=now, event="restart_failed", port=pq.intf, error=str(exc))
         if paused:
             took = self.clock() - now
             self.reaction["pause_apply_max_ns"] = max(self.reaction["pause_apply_max_ns"], took)
@@ -248,7 +248,7 @@ class Pfcd:
         else:
             port.paused_total_ns += now - port.paused_since_ns
             port.paused_since_ns = None
-        self.record(t_ns=now, event="paused" if paused else "resumed", port=pq["intf"])
+        self.record(t_ns=now, event="paused" if paused else "resumed", port=pq.intf)
         self.publish(port)
 
     def update_cfg(self, port: Port, index: int, value: int):
@@ -270,7 +270,7 @@ class Pfcd:
             self.update_cfg(port, bpfmaps.CFG_RATE, int(port.rate_bps))
             if port.paused_since_ns is None:
                 pq = port.pq
-                self.dp.set_rate(intf, port.rate_bps, pq["burst_bytes"], pq["fifo_limit_bytes"])
+                self.dp.set_rate(intf, port.rate_bps, pq.burst_bytes, pq.fifo_limit_bytes)
                 try:  # a TBF keeps the watchdog it set at the old rate: restart it at the new one
                     port.restart.send(pfc.restart_frame(port.mac))
                 except OSError as exc:
@@ -333,11 +333,11 @@ class Pfcd:
             paused = port.paused_total_ns + (now - port.paused_since_ns if port.paused_since_ns else 0)
             raw = self.dp.state(port.ifindex)
             drops = bpfmaps.marker_state(raw)["drops"] if raw else 0
-            self.record(event="port", port=port.pq["intf"], frames_sent=port.frames_sent,
+            self.record(event="port", port=port.pq.intf, frames_sent=port.frames_sent,
                         xoff_sent=port.xoff_sent, frames_received=port.frames_received, paused_ns=paused,
                         paused_real_ns=self.d.real_duration_ns(paused),
                         headroom_high_water_bytes=round(port.headroom_high_water_bytes),
-                        headroom_bytes=port.pq["headroom_bytes"], drops=drops)
+                        headroom_bytes=port.pq.headroom_bytes, drops=drops)
         self.record(event="reaction", **self.reaction)
         self.record(event="polling", **self.reads)
 

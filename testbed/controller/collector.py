@@ -16,6 +16,7 @@ from testbed.apply import bpfmap
 from testbed.controller import telemetry
 from testbed.apply.marker import Counters
 from testbed.apply.qdiscstat import QdiscReader
+from testbed.model.queues import from_plan
 
 FILES = ("ports", "ecn", "queues", "polls")
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
@@ -27,7 +28,7 @@ class Collector:
         each server's share collects its own), None for all of the plan's."""
         self.folder = Path(folder)
         self.files = {name: open(self.folder / f"{name}.jsonl", "a", buffering=1) for name in FILES}
-        self.queues = [q for q in plan.get("queues", []) if switches is None or q["switch"] in switches]
+        self.queues = [q for q in from_plan(plan) if switches is None or q.switch in switches]
         self.pins = Path(pins) if pins else None
         self.counters: Counters | None = None
         self.pfc: bpfmap.Map | None = None  # the PFC process's per-port counters
@@ -61,7 +62,7 @@ class Collector:
         if self.pins is None or not self.queues:
             return False
         try:
-            ifindex = {pq["intf"]: socket.if_nametoindex(pq["intf"]) for pq in self.queues}
+            ifindex = {pq.intf: socket.if_nametoindex(pq.intf) for pq in self.queues}
             self.counters = Counters(self.pins)
             self.pfc = bpfmap.Map(str(self.pins / "testbed_pfc"), bpfmaps.PFC_SIZE)
             self.cfg = bpfmap.Map(str(self.pins / "testbed_cfg"), bpfmaps.CFG_SIZE)
@@ -86,7 +87,7 @@ class Collector:
             return 0
         records = []
         for pq in self.queues:
-            idx = self.ifindex[pq["intf"]]
+            idx = self.ifindex[pq.intf]
             try:
                 tbf = self.qdiscs.read(idx)
             except OSError:
@@ -94,7 +95,7 @@ class Collector:
             raw = self.pfc.lookup(idx)
             pfc = bpfmaps.pfc_counters(raw) if raw else None
             cfg = self.cfg.lookup(idx)
-            rate = bpfmaps.cfg_rate_bps(cfg) if cfg else pq["emulated_rate_bps"]
+            rate = bpfmaps.cfg_rate_bps(cfg) if cfg else pq.emulated_rate_bps
             records.append(telemetry.queue_record(now_ns, pq, states.get(idx), tbf, pfc, rate))
         self.write("queues", records)
         return len(records)

@@ -86,17 +86,17 @@ def ecn_records(now_ns: int, switch: str, stats) -> list:
     return out
 
 
-def queue_record(now_ns: int, pq: dict, state: dict | None, tbf: dict | None, pfc: dict | None = None,
+def queue_record(now_ns: int, pq, state: dict | None, tbf: dict | None, pfc: dict | None = None,
                  rate_bps: float | None = None) -> dict:
-    """One switch port's egress queue at ``now_ns``: ``pq`` is the plan's queue entry,
+    """One switch port's egress queue at ``now_ns``: ``pq`` is the plan's ``PortQueue``,
     ``rate_bps`` the emulated rate in force (the marker's config: a link event may have
     slowed the port; the plan's when not given),
     ``state`` the marker's counters (``marker.Counters.read``; None before the first
     packet), ``tbf`` the data class TBF's counters (``qdiscstat``), ``pfc`` the PFC
     process's counters for the port (``bpfmaps.pfc_counters``; None before its first
     event): frames sent and received, paused time up to ``now_ns``, headroom high-water."""
-    rate = pq["emulated_rate_bps"] if rate_bps is None else rate_bps
-    rec = {"t_ns": now_ns, "switch": pq["switch"], "port": pq["port"], "intf": pq["intf"],
+    rate = pq.emulated_rate_bps if rate_bps is None else rate_bps
+    rec = {"t_ns": now_ns, "switch": pq.switch, "port": pq.port, "intf": pq.intf,
            "emulated_rate_now_bps": rate}
     if state is None:
         rec.update({k: 0 for k in ("depth_bytes", "max_depth_bytes", "packets", "bytes", "ect", "marked", "drops",

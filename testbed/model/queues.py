@@ -67,6 +67,17 @@ class PortQueue:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "PortQueue":
+        """The queue again from its ``plan.json`` entry (``to_dict`` through JSON): what the
+        PFC process, the controller and ``testbed queues`` read instead of string keys."""
+        return cls(**{**d, "feeders": tuple(d.get("feeders", ()))})
+
+
+def from_plan(plan: dict) -> tuple:
+    """Every switch port's queue of a ``plan.json``, typed."""
+    return tuple(PortQueue.from_dict(q) for q in plan.get("queues", ()))
+
 
 def headroom_formula_bytes(rate_bps: float, delay_ns: float, mtu_bytes: int = MTU_BYTES) -> int:
     """2 x MTU + 2 x cable delay x R + peer response time x R (bytes)."""

@@ -14,7 +14,7 @@ import pytest
 from testbed.apply.pfc import Pfcd
 from testbed.apply.tc import PAUSED_RATE_BPS
 from testbed.config import scenario
-from testbed.model import plan as planning
+from testbed.model import plan as planning, queues
 from testbed.wire import bpfmaps, pfc
 
 D = 50_000
@@ -37,7 +37,7 @@ class FakePorts:
     """SwitchPorts in memory: marker state and config per ifindex, the TBF rates set."""
 
     def __init__(self, plan: dict):
-        self.queues = {pq["intf"]: pq for pq in plan["queues"]}
+        self.queues = {pq.intf: pq for pq in queues.from_plan(plan)}
         self.index, self.socks, self.restarts = {}, {}, {}
         self.state_raw, self.cfg_raw, self.published, self.rates = {}, {}, {}, []
 
@@ -45,8 +45,8 @@ class FakePorts:
         i = self.index[intf] = len(self.index) + 1
         self.socks[intf], self.restarts[intf] = FakeSock(), FakeSock()
         pq = self.queues[intf]
-        self.cfg_raw[i] = struct.pack(bpfmaps.CFG_FORMAT, int(pq["emulated_rate_bps"]), pq["burst_bytes"],
-                                      pq["buffer_bytes"], 0, 0, 0, 0, 0)
+        self.cfg_raw[i] = struct.pack(bpfmaps.CFG_FORMAT, int(pq.emulated_rate_bps), pq.burst_bytes,
+                                      pq.buffer_bytes, 0, 0, 0, 0, 0)
         return i, f"02:ff:00:00:00:{i:02x}", self.socks[intf], self.restarts[intf]
 
     def drain(self, sock):
@@ -101,20 +101,20 @@ def test_xoff_goes_out_of_every_feeder_is_refreshed_and_xon_follows(pfcd):
     feeders = ["leaf1-eth2", "leaf1-eth3", "leaf1-eth4"]  # h5 on the same rail, both spines
     assert list(q.feeders) == feeders
     pause_emulated_ns = pfc.pause_ns(pfc.MAX_QUANTA, 400e9) * D  # 65535 x 512 bit at 400G, x D
-    dp.depth("leaf1-eth1", q.pq["xoff_bytes"] + 1000, T0)
+    dp.depth("leaf1-eth1", q.pq.xoff_bytes + 1000, T0)
     pfcd.poll_queues(T0)
     assert [dp.socks[f].quanta_sent() for f in feeders] == [[pfc.MAX_QUANTA]] * 3
     assert dp.socks["leaf1-eth1"].sent == []  # the congested port itself pauses nobody
     # still above XOFF: no new frame until half the pause has run out, then a refresh
-    dp.depth("leaf1-eth1", q.pq["xoff_bytes"] + 1000, T0 + 1000)
+    dp.depth("leaf1-eth1", q.pq.xoff_bytes + 1000, T0 + 1000)
     pfcd.poll_queues(T0 + 1000)
     assert all(len(dp.socks[f].sent) == 1 for f in feeders)
     later = T0 + int(pause_emulated_ns / 2) + 1
-    dp.depth("leaf1-eth1", q.pq["xoff_bytes"] + 1000, later)
+    dp.depth("leaf1-eth1", q.pq.xoff_bytes + 1000, later)
     pfcd.poll_queues(later)
     assert [dp.socks[f].quanta_sent() for f in feeders] == [[pfc.MAX_QUANTA] * 2] * 3
     # drained to XON: quanta 0 to every feeder
-    dp.depth("leaf1-eth1", q.pq["xon_bytes"], later + 1000)
+    dp.depth("leaf1-eth1", q.pq.xon_bytes, later + 1000)
     pfcd.poll_queues(later + 1000)
     assert [dp.socks[f].quanta_sent()[-1] for f in feeders] == [0] * 3
     sent = [(e["event"], e["port"]) for e in events(pfcd) if e["event"] in ("xoff_sent", "xon_sent")]
@@ -126,7 +126,7 @@ def test_a_feeder_stays_paused_while_another_congested_queue_needs_it(pfcd):
     dp = pfcd.fake
     # both GPU ports of leaf1 congested: both spines feed both of them
     for intf in ("leaf1-eth1", "leaf1-eth2"):
-        dp.depth(intf, pfcd.ports[intf].pq["xoff_bytes"] + 1, T0)
+        dp.depth(intf, pfcd.ports[intf].pq.xoff_bytes + 1, T0)
     pfcd.poll_queues(T0)
     assert dp.socks["leaf1-eth3"].quanta_sent() == [pfc.MAX_QUANTA] * 2
     dp.depth("leaf1-eth1", 0, T0 + 1000)
@@ -140,7 +140,7 @@ def test_a_feeder_stays_paused_while_another_congested_queue_needs_it(pfcd):
 
 def test_a_received_pause_stops_the_data_class_for_its_quanta_at_the_dilated_real_rate(pfcd):
     dp, port = pfcd.fake, pfcd.ports["leaf1-eth3"]
-    emulated = port.pq["emulated_rate_bps"]
+    emulated = port.pq.emulated_rate_bps
     dp.socks["leaf1-eth3"].inbox.append(pfc.frame("02:aa:00:00:00:01", {pfc.LOSSLESS_PRIORITY: 100}))
     dp.socks["leaf1-eth3"].inbox.append(pfc.frame(port.mac, {pfc.LOSSLESS_PRIORITY: 100}))  # our own: ignored
     pfcd.receive(port, T0)
@@ -186,10 +186,10 @@ def test_a_quiet_queue_is_not_read_until_it_could_reach_xoff(pfcd):
     pfcd.poll_queues(T0)
     # empty, fed by 3 ports at 400G / D (8 Mbit/s each): XOFF minus their buckets and OVS batches
     # away, at 24 Mbit/s
-    room = q.pq["xoff_bytes"] - q.slack_bytes
+    room = q.pq.xoff_bytes - q.slack_bytes
     assert q.fill_bps == 3 * 8e6 and q.quiet_until_ns == T0 + int(room * 8 / 24e6 * 1e9)
     # a depth above XOFF before then (it cannot be) is not seen: the queue is not read
-    dp.depth("leaf1-eth1", q.pq["xoff_bytes"] + 1, q.quiet_until_ns - 1)
+    dp.depth("leaf1-eth1", q.pq.xoff_bytes + 1, q.quiet_until_ns - 1)
     pfcd.poll_queues(q.quiet_until_ns - 1)
     assert dp.socks["leaf1-eth2"].sent == []
     pfcd.poll_queues(q.quiet_until_ns)

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from helpers import GOLDEN
-from testbed.model import plan
+from testbed.model import plan, queues
 from testbed.config import scenario
 from testbed.units import Dilation
 from testbed.views.digest import digest
@@ -54,6 +54,15 @@ def test_plan_json_holds_the_whole_plan():
     assert 1.0 < training["ideal"]["data_parallel_ns"] / textbook_ns < 1.02
     assert training["ideal"]["iteration_ns"] == training["ideal"]["compute_ns"] + training["ideal"]["data_parallel_ns"]
     assert d["telemetry"] == {"interval_real_ns": 10_000, "interval_emulated_ns": 10_000 * 50_000}
+
+
+@pytest.mark.parametrize("ref", CASES)
+def test_queues_come_back_typed_from_plan_json(ref):
+    """What the PFC process, the controller and ``testbed queues`` read: every port's queue
+    from plan.json through JSON, equal to the plan's (feeders a tuple again, every field)."""
+    p = build(ref)
+    again = queues.from_plan(json.loads(json.dumps(p.to_dict())))
+    assert again == p.queues and all(isinstance(q.feeders, tuple) for q in again)
 
 
 def test_rail_optimised_puts_gpu_k_of_every_server_on_rail_leaf_k():

@@ -2,7 +2,10 @@
 
 from types import SimpleNamespace
 
+from testbed.config import scenario
 from testbed.controller import telemetry
+from testbed.model import queues
+from testbed.units import Dilation
 
 
 def test_poller_is_due_on_schedule_and_skips_missed_polls():
@@ -35,8 +38,15 @@ def test_ecn_records_one_per_counting_flow():
                      "bytes": 70}]
 
 
+def leaf_uplink():
+    """leaf1's port 2 toward spine1 with the default scenario's queues: 400G at D = 50000 is
+    8 Mbit/s here, one byte per microsecond."""
+    return queues.port_queue(scenario.load("default").queues, "leaf1", 2, "spine1", rate_bps=400_000_000_000,
+                             delay_ns=500, dilation=Dilation(50_000))
+
+
 def test_queue_record_drains_the_shadow_to_now_and_keeps_the_interval_max():
-    pq = {"switch": "leaf1", "port": 2, "intf": "leaf1-eth2", "emulated_rate_bps": 8e6}  # 1 byte per us
+    pq = leaf_uplink()  # 1 byte per us
     state = {"depth_bytes": 5000, "last_ns": 1_000_000, "max_depth_bytes": 9000, "packets": 4, "bytes": 6000,
              "ect": 4, "marked": 1, "drops": 0, "control_packets": 2, "trimmed": 0}
     rec = telemetry.queue_record(3_000_000, pq, state, {"backlog_bytes": 3100, "sent_bytes": 99, "drops": 0})
@@ -65,7 +75,7 @@ def test_cpu_meter_host_busy_fraction_and_process_cores():
 def test_queue_record_drains_at_the_rate_in_force():
     """A link event slowed the port to a quarter: the shadow drains at that, and the record
     says which rate it was (the dequeue check compares the TBF's sending with it)."""
-    pq = {"switch": "leaf1", "port": 2, "intf": "leaf1-eth2", "emulated_rate_bps": 8e6}
+    pq = leaf_uplink()
     state = {"depth_bytes": 5000, "last_ns": 1_000_000, "max_depth_bytes": 9000, "packets": 4, "bytes": 6000,
              "ect": 4, "marked": 1, "drops": 0, "control_packets": 2, "trimmed": 0}
     rec = telemetry.queue_record(3_000_000, pq, state, None, None, rate_bps=2e6)
