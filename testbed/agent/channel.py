@@ -74,7 +74,7 @@ class Channel:
         else:
             self.sendq, self.recvq = SendQP(agent.mtu), RecvQP()
         self.rp = ReactionPoint(nic.line_bps, 0, agent.params,
-                                enabled=agent.cfg["dcqcn"] and nic.link == "fabric" and not self.uet)
+                                enabled=agent.transport.dcqcn and nic.link == "fabric" and not self.uet)
         self.cnp_interval_ns = int(agent.d.duration_ns(agent.params.cnp_interval_ns))
         self.next_tx_ns = 0
         self.tx_since_ns = None  # when this channel last went from nothing to send to something

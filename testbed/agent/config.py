@@ -3,13 +3,15 @@ plan's hosts, its ops and transport settings from the plan's training section.""
 
 from __future__ import annotations
 
+from testbed.model.training import Transport
+
 
 def from_plan(plan: dict, gpu: str, records: str) -> dict:
     """What ``Agent`` runs with, for GPU ``gpu`` of ``plan`` (``Plan.to_dict()``)."""
     hosts = {h["name"]: h for h in plan["hosts"]}
     me = hosts[gpu]
     training = plan["training"]
-    t = training["transport"]
+    t = Transport.from_dict(training["transport"])
     peers = {}
     for name, o in hosts.items():
         if name == gpu:
@@ -19,16 +21,9 @@ def from_plan(plan: dict, gpu: str, records: str) -> dict:
                        "nvlink_mac": o["nvlink_mac"] if same_server else None,
                        "nvlink_ip": o["nvlink_ip"].split("/")[0] if same_server else None}
     nics = {"fabric": {"intf": f"{gpu}-eth0", "mac": me["mac"], "ip": me["ip"].split("/")[0],
-                       "line_bps": t["fabric_line_bps"]}}
+                       "line_bps": t.fabric_line_bps}}
     if me["nvlink_ip"]:
         nics["nvlink"] = {"intf": f"{gpu}-eth1", "mac": me["nvlink_mac"], "ip": me["nvlink_ip"].split("/")[0],
-                          "line_bps": t["nvlink_line_bps"]}
+                          "line_bps": t.nvlink_line_bps}
     return {"gpu": gpu, "index": me["index"], "server": me["server"], "nics": nics, "peers": peers,
-            "dilation": plan["dilation"],
-            "mtu_bytes": t["mtu_bytes"], "dcqcn": t["dcqcn"], "dcqcn_params": t["dcqcn_params"],
-            "rto_ns": t["rto_ns"], "ops": training["ops"][gpu], "records": records,
-            **{k: t[k] for k in BALANCE if k in t}}
-
-
-BALANCE = ("qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap_ns", "kind", "trim", "base_rtt_ns",
-           "store_and_forward_ns")
+            "dilation": plan["dilation"], "transport": t, "ops": training["ops"][gpu], "records": records}

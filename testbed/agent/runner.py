@@ -67,12 +67,13 @@ class Agent:
         self.snmp_path = snmp_path  # the UDP counters of the GPU's namespace (/proc/PID/net/snmp)
         self.name, self.index = cfg["gpu"], cfg["index"]
         self.d = Dilation(cfg["dilation"])
-        self.mtu = cfg["mtu_bytes"]
-        self.rto_real_ns = cfg["rto_ns"]
+        self.transport = t = cfg["transport"]  # model.training.Transport
+        self.mtu = t.mtu_bytes
+        self.rto_real_ns = t.rto_ns
         self.ops = cfg["ops"]
         self.out = open(cfg["records"], "w", buffering=1)
         self.payload = bytes(self.mtu)
-        self.params = Params(**cfg.get("dcqcn_params", {}))
+        self.params = Params(**t.dcqcn_params)
         self.nics = {link: open_nic(link, spec) for link, spec in cfg["nics"].items()}
         self.rx = open_rx()
         # PFC from the leaf: the fabric NIC stops the data class (control frames still go)
@@ -82,13 +83,13 @@ class Agent:
         self.nic_counters = defaultdict(int)
         self.resumed_ns = 0  # a paused NIC's packets are due from here, not from before the pause
         self.by_index = {p["index"]: name for name, p in cfg["peers"].items()}
-        self.qps = cfg.get("qps_per_connection", 1)
-        self.balance = cfg.get("load_balancing", "flow")
-        self.spray_packets = cfg.get("spray_packets", 1)
-        self.flowlet_gap_ns = int(self.d.duration_ns(cfg.get("flowlet_gap_ns", 10_000)))
-        self.kind = cfg.get("kind", "roce")  # the fabric NIC's transport; NVLink stays RoCE
-        self.base_rtt_ns, self.trimming = cfg.get("base_rtt_ns", 0), cfg.get("trim", False)
-        self.store_and_forward_ns = cfg.get("store_and_forward_ns", 0)
+        self.qps = t.qps_per_connection
+        self.balance = t.load_balancing
+        self.spray_packets = t.spray_packets
+        self.flowlet_gap_ns = int(self.d.duration_ns(t.flowlet_gap_ns))
+        self.kind = t.kind  # the fabric NIC's transport; NVLink stays RoCE
+        self.base_rtt_ns, self.trimming = t.base_rtt_ns, t.trim
+        self.store_and_forward_ns = t.store_and_forward_ns
         self.conns: dict[tuple, Connection] = {}  # (peer, link) -> Connection
         for name, p in cfg["peers"].items():
             for link, nic in self.nics.items():

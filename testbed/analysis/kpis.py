@@ -33,6 +33,7 @@ import math
 from pathlib import Path
 
 from testbed.analysis import fidelity
+from testbed.config.workload import BALANCE_DEFAULTS
 from testbed.model import collectives, queues
 
 SCHEMA = "testbed-summary/1"
@@ -240,10 +241,10 @@ def _ecmp(r) -> dict:
                           "jain": jain(b)}
     vals = [v["imbalance"] for v in per_leaf.values() if v["imbalance"] is not None]
     jains = [v["jain"] for v in per_leaf.values() if v["jain"] is not None]
-    t = (r.plan.get("training") or {}).get("transport", {})
+    t = {**BALANCE_DEFAULTS, **((r.plan.get("training") or {}).get("transport") or {})}
     out = {"per_leaf": per_leaf, "imbalance": max(vals) if vals else None,
-           "jain_min": min(jains) if jains else None, "load_balancing": t.get("load_balancing", "flow"),
-           "qps_per_connection": t.get("qps_per_connection", 1), "routing": r.plan.get("routing", "ecmp")}
+           "jain_min": min(jains) if jains else None, "load_balancing": t["load_balancing"],
+           "qps_per_connection": t["qps_per_connection"], "routing": r.plan.get("routing", "ecmp")}
     adaptive = r.manifest.get("routing") or {}
     if adaptive.get("decisions") is not None:
         # data packets the hops tagged with a chosen port (a packet crossing the spines is

@@ -30,8 +30,7 @@ KEYS = ("name", "traffic", "gpus", "start", "workload")
 MAX_JOBS = 16
 SHARE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)%")
 RANGE_RE = re.compile(r"h([0-9]+)-h([0-9]+)")
-SHARED = ("mtu_bytes", "dcqcn", "dcqcn_params", "kind", "qps_per_connection", "load_balancing", "spray_packets",
-          "flowlet_gap_ns")  # what every agent of a run shares
+SHARED = ("mtu_bytes", "dcqcn", "dcqcn_params", *traffic_schema.BALANCE_DEFAULTS)  # what every agent of a run shares
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ class Workload:
     spray_packets: int = 1  # spray: a new source port every this many packets
     flowlet_gap_ns: int = 10_000  # flowlet: a new source port after an idle gap this long (real time)
     kind: str = "roce"  # roce (RC, go-back-N, DCQCN) | uet (reliable unordered, SACK, NSCC)
+    # (the five defaults above are BALANCE_DEFAULTS: a test checks they agree)
     chakra: object = None  # config.trace.Trace: the schedule is this trace's replay (model.replay)
 
     @property
@@ -241,6 +242,10 @@ def _transport(c, doc, path: tuple) -> tuple:
 
 
 BALANCE_KEYS = ("kind", "qps_per_connection", "load_balancing", "spray_packets", "flowlet_gap")
+# how a connection spreads when the traffic file does not say: the one place of these defaults
+# (the Workload fields' and model.training.Transport's are checked against it)
+BALANCE_DEFAULTS = {"kind": "roce", "qps_per_connection": 1, "load_balancing": "flow", "spray_packets": 1,
+                    "flowlet_gap_ns": 10_000}
 TRANSPORTS = ("roce", "uet")
 LOAD_BALANCING = ("flow", "spray", "flowlet")
 MAX_QPS_PER_CONNECTION = 8  # the QP number has 3 bits for it (wire.roce.qpn)
@@ -251,18 +256,22 @@ def _balance(c, tr: dict, path: tuple) -> dict:
     NCCL_IB_QPS_PER_CONNECTION, each QP its own UDP source port) and ``load_balancing``
     (flow: one source port per QP; spray: a new one every ``spray_packets`` packets;
     flowlet: a new one after an idle gap of ``flowlet_gap``, real time)."""
-    kind = c.choice(tr, "kind", path, TRANSPORTS, "roce")
-    qps = c.integer(tr, "qps_per_connection", path, default=1, minimum=1, maximum=MAX_QPS_PER_CONNECTION)
-    mode = c.choice(tr, "load_balancing", path, LOAD_BALANCING, "flow")
-    spray = c.integer(tr, "spray_packets", path, default=1, minimum=1, maximum=1_000_000)
-    gap = c.unit(tr, "flowlet_gap", path, units.parse_duration_ns, default="10us")
+    d = BALANCE_DEFAULTS
+    kind = c.choice(tr, "kind", path, TRANSPORTS, d["kind"])
+    qps = c.integer(tr, "qps_per_connection", path, default=d["qps_per_connection"], minimum=1,
+                    maximum=MAX_QPS_PER_CONNECTION)
+    mode = c.choice(tr, "load_balancing", path, LOAD_BALANCING, d["load_balancing"])
+    spray = c.integer(tr, "spray_packets", path, default=d["spray_packets"], minimum=1, maximum=1_000_000)
+    gap = c.unit(tr, "flowlet_gap", path, units.parse_duration_ns, required=False)
+    gap = d["flowlet_gap_ns"] if "flowlet_gap" not in tr else gap
     if gap is not None and gap <= 0:
         c.problem(path + ("flowlet_gap",), f"expected a duration > 0, got {_show(tr['flowlet_gap'])}")
     for key, needs in (("spray_packets", "spray"), ("flowlet_gap", "flowlet")):
         if key in tr and mode is not None and mode != needs:
             c.problem(path + (key,), f"only used with load_balancing: {needs} (this one is {mode})")
-    return {"kind": kind or "roce", "qps_per_connection": qps or 1, "load_balancing": mode or "flow", "spray_packets": spray or 1,
-            "flowlet_gap_ns": gap or 10_000}
+    got = {"kind": kind, "qps_per_connection": qps, "load_balancing": mode, "spray_packets": spray,
+           "flowlet_gap_ns": gap}
+    return {k: d[k] if v is None else v for k, v in got.items()}  # a refused value: the default (the run stops)
 
 
 def _pipeline(c, doc, path: tuple, pipeline) -> tuple:

@@ -5,6 +5,7 @@ the checks' sentences in fabric units."""
 from __future__ import annotations
 
 from testbed import units
+from testbed.model.training import Transport
 
 # RoCEv2 headers around each payload: Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + ICRC 4 (+ FCS 4
 # on a real wire; not counted by OVS)
@@ -62,7 +63,7 @@ def spine_bytes(view) -> tuple:
     from the sends whose GPUs sit on different leaves (payload plus headers)."""
     sent = port_bytes(view)
     measured = sum(sent.get(i, 0) for i in spine_ports(view))
-    mtu = view.plan["training"]["transport"]["mtu_bytes"]
+    mtu = Transport.from_dict(view.plan["training"]["transport"]).mtu_bytes
     planned = sum(wire_bytes(s["bytes"], mtu) for s in sends(view) if crosses_spine(view, s["gpu"], s["peer"]))
     return measured, planned
 
@@ -71,7 +72,7 @@ def flows_per_uplink(view, ports=None) -> dict:
     """Leaf uplink (or each of ``ports``) -> how many ring flows ECMP hashed onto it: its
     bytes over one flow's bytes (every flow of a ring carries the same bytes)."""
     sent = port_bytes(view)
-    mtu = view.plan["training"]["transport"]["mtu_bytes"]
+    mtu = Transport.from_dict(view.plan["training"]["transport"]).mtu_bytes
     per_flow = {}
     for s in sends(view):
         if crosses_spine(view, s["gpu"], s["peer"]):
@@ -88,5 +89,5 @@ def fabric_bytes(view) -> tuple:
     their GPU ports (data and ACKs), and the planned fabric sends with their headers."""
     received = port_bytes(view, "rx_bytes")
     measured = sum(received.get(p, 0) for p in host_ports(view).values())
-    mtu = view.plan["training"]["transport"]["mtu_bytes"]
+    mtu = Transport.from_dict(view.plan["training"]["transport"]).mtu_bytes
     return measured, sum(wire_bytes(s["bytes"], mtu) for s in sends(view))

@@ -8,9 +8,10 @@ emulated, and the ideal of one whole iteration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property, partial
 
+from testbed.config.workload import BALANCE_DEFAULTS
 from testbed.model import replay, schedule
 from testbed.wire import roce
 
@@ -18,11 +19,41 @@ RTO_REAL_NS = 128_000  # RoCE retransmission timeout in real time (x dilation in
 
 
 @dataclass(frozen=True)
+class Transport:
+    """What every agent of a run runs with (``plan.json``'s ``training.transport``): the RDMA
+    MTU, DCQCN and its parameters, the RTO, the NICs' line rates, how a connection spreads
+    over the paths (defaults: ``config.workload.BALANCE_DEFAULTS``), trimming, and the base
+    RTT and store-and-forward time UET's congestion control starts from."""
+
+    mtu_bytes: int
+    dcqcn: bool
+    dcqcn_params: dict
+    rto_ns: int
+    fabric_line_bps: float
+    nvlink_line_bps: float
+    kind: str = BALANCE_DEFAULTS["kind"]
+    qps_per_connection: int = BALANCE_DEFAULTS["qps_per_connection"]
+    load_balancing: str = BALANCE_DEFAULTS["load_balancing"]
+    spray_packets: int = BALANCE_DEFAULTS["spray_packets"]
+    flowlet_gap_ns: int = BALANCE_DEFAULTS["flowlet_gap_ns"]
+    trim: bool = False
+    base_rtt_ns: float = 0.0
+    store_and_forward_ns: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Transport":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class TrainingPlan:
     collectives: tuple  # dicts: id, iteration, phase, algorithm, bytes, ranks, gpus, ideal_ns, ...
     ideal: dict  # one iteration's analytical ideal, real ns, and what it is made of
     ranks: dict  # GPU name -> {"rank", "stage", "dp", "tp"}
-    transport: dict  # what every agent runs with: MTU, DCQCN and its parameters, RTO, line rates
+    transport: Transport  # what every agent runs with
     iterations: int
     expand: object = field(repr=False, compare=False, default=None)  # members (None: all) -> ops per GPU
     jobs: dict = field(default_factory=dict)  # several jobs: name -> {gpus, start_ns, iterations, ideal}
@@ -38,7 +69,7 @@ class TrainingPlan:
         return self.expand(set(members))
 
     def to_dict(self) -> dict:
-        return {"iterations": self.iterations, "ideal": self.ideal, "transport": self.transport,
+        return {"iterations": self.iterations, "ideal": self.ideal, "transport": self.transport.to_dict(),
                 "ranks": self.ranks, "collectives": list(self.collectives), "ops": schedule.to_json(self.ops),
                 "jobs": self.jobs}
 
@@ -64,14 +95,14 @@ def plan_training(plan, workload, table, hosts=None) -> TrainingPlan:
     if workload.chakra is not None:  # the trace's rank on each GPU (the roles are the trace's own)
         trace_rank = {name: r for r, name in enumerate(replay.gpus_of_ranks(workload, hosts))}
         ranks = {name: {"rank": trace_rank[name], "stage": 0, "dp": trace_rank[name], "tp": 0} for name in lay.order}
-    transport = {"mtu_bytes": workload.mtu_bytes, "dcqcn": workload.dcqcn,
-                 "dcqcn_params": dict(workload.dcqcn_params), "rto_ns": RTO_REAL_NS,
-                 "fabric_line_bps": link_bps, "nvlink_line_bps": nvlink_bps,
-                 "qps_per_connection": workload.qps_per_connection, "load_balancing": workload.load_balancing,
-                 "spray_packets": workload.spray_packets, "flowlet_gap_ns": workload.flowlet_gap_ns,
-                 "kind": workload.kind, "trim": plan.scenario.queues.trim,
-                 "base_rtt_ns": base_rtt_ns(plan, workload.mtu_bytes),
-                 "store_and_forward_ns": store_and_forward_ns(plan, workload.mtu_bytes)}
+    transport = Transport(mtu_bytes=workload.mtu_bytes, dcqcn=workload.dcqcn,
+                          dcqcn_params=dict(workload.dcqcn_params), rto_ns=RTO_REAL_NS,
+                          fabric_line_bps=link_bps, nvlink_line_bps=nvlink_bps,
+                          qps_per_connection=workload.qps_per_connection, load_balancing=workload.load_balancing,
+                          spray_packets=workload.spray_packets, flowlet_gap_ns=workload.flowlet_gap_ns,
+                          kind=workload.kind, trim=plan.scenario.queues.trim,
+                          base_rtt_ns=base_rtt_ns(plan, workload.mtu_bytes),
+                          store_and_forward_ns=store_and_forward_ns(plan, workload.mtu_bytes))
     return TrainingPlan(collectives=tuple(collectives), ideal=iteration_ideal,
                         ranks=ranks, transport=transport, iterations=workload.iterations,
                         expand=partial(_expand, build))

@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from testbed.agent.runner import Agent
+from testbed.model.training import Transport
 from testbed.wire import pfc, roce
 
 D = 1000  # dilation
@@ -57,16 +58,22 @@ def op(i, kind, deps=(), peer=None, nbytes=0, duration_ns=0):
             "link": "fabric", "micro_batch": -1}
 
 
+def rc_transport(dcqcn=False, **fields) -> Transport:
+    """The transport of these tests: RoCE at MTU, 128 us RTO, the defaults for the rest."""
+    return Transport(mtu_bytes=MTU, dcqcn=dcqcn, dcqcn_params={}, rto_ns=128_000, fabric_line_bps=LINE_BPS,
+                     nvlink_line_bps=LINE_BPS, **fields)
+
+
 @pytest.fixture
 def make_agent(tmp_path):
     def make(ops, dcqcn=False, **transport):
         clock, rx, pause = Clock(), Inbox(), Inbox()
-        cfg = {"gpu": "h1", "index": 1, "dilation": D, "mtu_bytes": MTU, "dcqcn": dcqcn, "dcqcn_params": {},
-               "rto_ns": 128_000, "ops": ops, "records": str(tmp_path / "h1.jsonl"),
+        cfg = {"gpu": "h1", "index": 1, "dilation": D, "transport": rc_transport(dcqcn=dcqcn, **transport),
+               "ops": ops, "records": str(tmp_path / "h1.jsonl"),
                "nics": {"fabric": {"intf": "h1-eth0", "mac": "02:01:00:00:01:01", "ip": "10.0.1.1",
                                    "line_bps": LINE_BPS}},
                "peers": {"h2": {"index": 2, "mac": "02:01:00:00:02:01", "ip": "10.0.2.1", "nvlink_mac": None,
-                                "nvlink_ip": None}}, **transport}
+                                "nvlink_ip": None}}}
         agent = Agent(cfg, clock=clock, open_nic=FakeNic, open_rx=lambda: rx,
                       open_pause=lambda intf: pause)
         agent.prepare(clock.now)

@@ -1,5 +1,6 @@
 """Plan outputs for each topology kind: golden JSON plus the properties that matter."""
 
+import dataclasses
 import json
 import os
 
@@ -8,6 +9,8 @@ import pytest
 from helpers import GOLDEN
 from testbed.model import plan, queues
 from testbed.config import scenario
+from testbed.config.workload import BALANCE_DEFAULTS, Workload
+from testbed.model.training import Transport
 from testbed.units import Dilation
 from testbed.views.digest import digest
 
@@ -63,6 +66,17 @@ def test_queues_come_back_typed_from_plan_json(ref):
     p = build(ref)
     again = queues.from_plan(json.loads(json.dumps(p.to_dict())))
     assert again == p.queues and all(isinstance(q.feeders, tuple) for q in again)
+
+
+def test_balance_defaults_live_in_one_place():
+    """How a connection spreads when the traffic file does not say: config.workload's
+    BALANCE_DEFAULTS, which the Workload fields, model.training.Transport and a plan of a
+    traffic file that is silent about them all agree with."""
+    for cls in (Workload, Transport):
+        assert {f.name: f.default for f in dataclasses.fields(cls) if f.name in BALANCE_DEFAULTS} == BALANCE_DEFAULTS
+    t = build("default").training.transport  # its traffic (dp-ring) says nothing of load balancing
+    assert {k: getattr(t, k) for k in BALANCE_DEFAULTS} == BALANCE_DEFAULTS
+    assert Transport.from_dict(json.loads(json.dumps(t.to_dict()))) == t
 
 
 def test_rail_optimised_puts_gpu_k_of_every_server_on_rail_leaf_k():
