@@ -156,10 +156,10 @@ def _doctor(args) -> int:
     from testbed.apply import capabilities
 
     if args.cluster is not None:
-        from testbed.apply import cluster
+        from testbed.apply import cluster_probe
         from testbed.model.cluster import parse_machines
 
-        items = cluster.checks(parse_machines(args.cluster))
+        items = cluster_probe.checks(parse_machines(args.cluster))
     else:
         items = capabilities.checks()
     width = max(len(c.name) for c in items)
@@ -191,10 +191,10 @@ def _clean(args) -> int:
         print(prefix + (would + line if actions else line))
     failed = 0
     if servers:
-        from testbed.apply import cluster
+        from testbed.apply import remote_share
 
         for server in servers:
-            ok, lines = cluster.clean_server(server, args.dry_run)
+            ok, lines = remote_share.clean_server(server, args.dry_run)
             failed += not ok
             for line in lines or ["nothing to clean"]:
                 print(f"{server}: {line}" if ok else f"{server}: NOT CLEANED: {line}")

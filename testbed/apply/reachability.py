@@ -35,7 +35,7 @@ def probe_timing(plan, load: dict) -> tuple[float, float]:
 
 def check(fab, plan, far=()) -> dict:
     """Returns {"pairs", "failures"}; raises RunError listing the failures. ``far``: the
-    other servers' shares of a cluster run (``apply.cluster.RemoteShare``), whose GPUs
+    other servers' shares of a cluster run (``apply.remote_share.RemoteShare``), whose GPUs
     probe at the same time from there (run/share.py's ``probe``)."""
     load, switches = plan.ecmp_shares()
     timing = probe_timing(plan, load)

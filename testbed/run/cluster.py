@@ -1,13 +1,13 @@
 """A run across servers, from the coordinator (``testbed run --cluster HERE,SERVER,...``;
 docs/cluster.md): which servers, where the plan is placed, what each is sent
 (``Layout``); training (its own GPUs' agents and every other server's share,
-``apply.cluster.RemoteShare`` and run/share.py, start on one deadline, run to the end,
+``apply.remote_share.RemoteShare`` and run/share.py, start on one deadline, run to the end,
 and their records land in one folder on one time line); and each share's queue telemetry
 gathered into the run folder.
 
 The start time is this machine's CLOCK_MONOTONIC plus a margin; each server gets it
 shifted by its clock offset, measured over its share's own session just before (the best
-of CLOCK_SAMPLES round trips, ``apply.cluster.best_offset``). A server's records come back
+of CLOCK_SAMPLES round trips, ``apply.ssh.best_offset``). A server's records come back
 in its clock and are shifted back (``model.cluster.to_coordinator_clock``). The offsets
 and their errors are returned, for the run's manifest and the fidelity guard.
 """
@@ -124,7 +124,7 @@ def bring_up_others(stack, layout: Layout, run_dir: Path, scenario, plan, manife
     """Every other server's share, entered on ``stack`` (torn down before this machine's),
     their clocks measured into ``manifest.cluster``; on the way down, each share's queue
     telemetry is gathered first (kept when the run failed: the data so far)."""
-    from testbed.apply.cluster import RemoteShare
+    from testbed.apply.remote_share import RemoteShare
     from testbed.run.share import make_request
 
     far = []

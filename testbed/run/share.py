@@ -1,5 +1,5 @@
 """One server's share of a cluster run: ``python -m testbed.run.share`` (started over ssh by
-``apply.cluster.RemoteShare``; docs/cluster.md).
+``apply.remote_share.RemoteShare``; docs/cluster.md).
 
 It reads one JSON line on stdin: the run id, the resolved scenario, how the coordinator
 built the plan (datapath, link delay, telemetry interval) and the digest of that plan, the

@@ -113,7 +113,7 @@ class Run:
         self.pfc_on = False  # some port's data class is lossless (the PFC process then also sends pauses)
         self.layout = None  # a cluster run's servers and placement (run.cluster.Layout)
         self.here = None  # this server's share of a cluster run (model.cluster.Share)
-        self.far = []  # the other servers' shares (apply.cluster.RemoteShare), once up
+        self.far = []  # the other servers' shares (apply.remote_share.RemoteShare), once up
 
     # -- 1. plan ---------------------------------------------------------------------------
     def make_plan(self):

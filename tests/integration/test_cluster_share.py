@@ -55,7 +55,7 @@ class TwoServers:
         self.run_id = f"cluster-{tmp_path.name[-20:]}"
 
     def enter(self, stack: ExitStack, before_far=None):
-        from testbed.apply import cluster as remote, registry
+        from testbed.apply import registry, remote_share
         from testbed.apply.controller import Controller
         from testbed.apply.fabric import MininetFabric
         from testbed.apply.process import free_tcp_port
@@ -81,7 +81,7 @@ class TwoServers:
         if before_far:
             before_far(self)
         self.egress = stack.enter_context(EgressQueues(plan, self.run_id, ports=self.here.queues))
-        self.far = stack.enter_context(remote.RemoteShare(s2.address, self.request))
+        self.far = stack.enter_context(remote_share.RemoteShare(s2.address, self.request))
         # one controller, every switch of both servers connected and programmed
         ready = self.ctl.wait_fabric_ready(len(plan.switches), 120)
         assert len(ready) == len(plan.switches)
@@ -90,14 +90,14 @@ class TwoServers:
 
 def refused_when_planned_differently(two: "TwoServers"):
     """A server that plans the run differently (another version) refuses, leaving nothing up."""
-    from testbed.apply import cluster as remote
+    from testbed.apply import remote_share
     from testbed.errors import RunError
 
     s2 = two.s2
     refused = (rf"{re.escape(s2.address)}: its share of the run did not come up: this server plans the run "
                rf"differently \(plan \w+, the coordinator's 0+\)")
     with pytest.raises(RunError, match=refused):
-        with remote.RemoteShare(s2.address, dict(two.request, plan_digest="0" * 16)):
+        with remote_share.RemoteShare(s2.address, dict(two.request, plan_digest="0" * 16)):
             pass
     assert subprocess.run(["ssh", "-F", str(s2.ssh_config), s2.address, "ovs-vsctl", "list-br"],
                           capture_output=True, text=True, timeout=30, check=True).stdout == ""
@@ -176,7 +176,7 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
 def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(clean_slate, tmp_path, monkeypatch):
     """The coordinator says a share died without tearing down; ``clean --cluster`` then
     removes what it left on that server, from that server's own run registry."""
-    from testbed.apply import cluster as remote
+    from testbed.apply import remote_share
     from testbed.config import scenario as scenarios
     from testbed.errors import RunError
     from testbed.model import cluster
@@ -194,7 +194,7 @@ def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(
 
         request = share_request(sc, plan, f"killed-{tmp_path.name[-16:]}", s2, 6653)
         with pytest.raises(RunError, match=rf"{re.escape(s2.address)}: its share did not confirm its teardown"):
-            with remote.RemoteShare(s2.address, request) as far:
+            with remote_share.RemoteShare(s2.address, request) as far:
                 assert sorted(on_server("ovs-vsctl", "list-br").split()) == sorted(there.switches)
                 on_server("kill", "-KILL", str(far.ready["pid"]))  # the share process we started
         left = sorted(on_server("ovs-vsctl", "list-br").split())
@@ -295,7 +295,7 @@ def test_a_share_whose_coordinator_goes_away_mid_training_tears_down_at_once(cle
     down within seconds, not at the training's hang deadline (minutes)."""
     import time
 
-    from testbed.apply import cluster as remote
+    from testbed.apply import remote_share
     from testbed.config import scenario as scenarios
     from testbed.model import plan as planning
 
@@ -306,7 +306,7 @@ def test_a_share_whose_coordinator_goes_away_mid_training_tears_down_at_once(cle
     with LocalServer(tmp_path, 2) as s2:
         monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
         request = share_request(sc, plan, f"gone-{tmp_path.name[-16:]}", s2, 6653)
-        with remote.RemoteShare(s2.address, request) as far:
+        with remote_share.RemoteShare(s2.address, request) as far:
             offset_ns, _error_ns = far.clock_offset()
             far.ask("agents", "agents", 120, "its agents")
             start_ns = time.monotonic_ns() + int(offset_ns) + 10**9

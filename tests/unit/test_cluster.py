@@ -67,7 +67,7 @@ def test_show_cluster_prints_the_placement_and_the_crossing_links(capsys, in_rep
 
 
 def test_the_clock_offset_comes_from_the_shortest_round_trip():
-    from testbed.apply.cluster import ClockSample, best_offset
+    from testbed.apply.ssh import ClockSample, best_offset
 
     # remote runs 1000 ns ahead; a slow sample's answer came late in its round trip
     samples = [ClockSample(0, 1_000 + 900, 1_000), ClockSample(5_000, 6_000 + 50, 5_100),
@@ -77,19 +77,19 @@ def test_the_clock_offset_comes_from_the_shortest_round_trip():
 
 
 def test_the_clock_error_sets_the_smallest_dilation():
-    from testbed.apply.cluster import clock_error_dilation
+    from testbed.apply.cluster_probe import clock_error_dilation
 
     # a tenth of a 4214-byte frame at 400G is 8.428 ns: 84.28 us of real error needs 10000
     assert clock_error_dilation(84_280) == pytest.approx(10_000)
 
 
 def test_ssh_uses_keys_only_and_the_cluster_ssh_config(monkeypatch):
-    from testbed.apply import cluster as remote
+    from testbed.apply import cluster_probe, ssh
 
     monkeypatch.setenv("TESTBED_SSH_CONFIG", "/etc/cluster_ssh")
-    argv = remote.ssh_argv("10.0.0.2", remote.probe_command())
-    assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={remote.SSH_CONNECT_TIMEOUT_S}"]
-    assert argv[-3:-1] == ["/etc/cluster_ssh", "10.0.0.2"] and argv[-1].endswith("-m testbed.apply.cluster probe")
+    argv = ssh.ssh_argv("10.0.0.2", cluster_probe.probe_command())
+    assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={ssh.SSH_CONNECT_TIMEOUT_S}"]
+    assert argv[-3:-1] == ["/etc/cluster_ssh", "10.0.0.2"] and argv[-1].endswith("-m testbed.apply.cluster_probe probe")
 
 
 def test_shares_split_the_plan_exactly_and_both_ends_of_a_crossing_link_agree():
