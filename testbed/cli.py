@@ -144,7 +144,7 @@ def _show(args) -> str:
 
     planned = plan.build(_load(args))
     if args.cluster is not None:
-        from testbed.model import cluster as placement
+        from testbed.model import placement
         from testbed.views import cluster
 
         return cluster.render(planned, placement.place(planned, placement.parse_machines(args.cluster)))
@@ -157,7 +157,7 @@ def _doctor(args) -> int:
 
     if args.cluster is not None:
         from testbed.apply import cluster_probe
-        from testbed.model.cluster import parse_machines
+        from testbed.model.placement import parse_machines
 
         items = cluster_probe.checks(parse_machines(args.cluster))
     else:
@@ -181,7 +181,7 @@ def _clean(args) -> int:
 
     servers = []
     if args.cluster is not None:
-        from testbed.model.cluster import parse_machines
+        from testbed.model.placement import parse_machines
 
         servers = parse_machines(args.cluster)
     would = "would " if args.dry_run else ""

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from testbed import units
-from testbed.model import cluster, queues
+from testbed.model import placement, queues
 
 LIMITS = {
     "dequeue_rate": 0.9,  # achieved / configured, at least
@@ -228,7 +228,7 @@ def cluster_clock(r) -> dict | None:
     if not clocks or not links:
         return None
     server, worst = max(((s, c["error_ns"]) for s, c in clocks.items()), key=lambda x: x[1])
-    budget_ns = cluster.clock_budget_ns(max(links))
+    budget_ns = placement.clock_budget_ns(max(links))
     share = r.dilation.real_duration_ns(worst) / budget_ns
     ok = share <= LIMITS["cluster_clock"]
     return _check("cluster_clock", round(share, 3), ok,

@@ -55,7 +55,7 @@ def probe_command() -> str:
 def clock_error_dilation(error_ns: float) -> float:
     """The smallest dilation at which a start-time error of ``error_ns`` (real) stays within a
     tenth of one MTU's serialisation on the fastest link (emulated)."""
-    from testbed.model.cluster import clock_budget_ns
+    from testbed.model.placement import clock_budget_ns
 
     return error_ns / clock_budget_ns(FASTEST_LINK_BPS)
 
@@ -95,7 +95,7 @@ def check_server(server: str, local_digest: str) -> list[Check]:
         out.append(Check(f"{name} clock", False, f"{len(samples)} of {CLOCK_SAMPLES} clock reads answered",
                          "a stable ssh connection"))
         return out
-    from testbed.model.cluster import OFFSET_SHARE_OF_MTU
+    from testbed.model.placement import OFFSET_SHARE_OF_MTU
 
     offset_ns, error_ns = best_offset(samples)
     out.append(Check(f"{name} clock", True,

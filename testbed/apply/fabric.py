@@ -138,7 +138,7 @@ def _set_mtu(work_dir: Path, interfaces):
 
 def _part(plan: Plan, share=None):
     """(switches, servers with a bridge here, hosts, links) of the plan this machine builds:
-    all of it, or one cluster share (model.cluster.Share) of it."""
+    all of it, or one cluster share (model.placement.Share) of it."""
     if share is None:
         return plan.switches, [s for s in plan.servers if s.nvlink_bridge], plan.hosts, plan.links
     return ([s for s in plan.switches if s.name in share.switches],
@@ -180,7 +180,7 @@ class MininetFabric:
     def __init__(self, plan: Plan, run_id: str, datapath: str, controller_port: int,
                  record: registry.RunRecord, work_dir: Path, link_delay: bool = False,
                  controller_address: str = "127.0.0.1", share=None, underlay: dict | None = None):
-        """``share`` (model.cluster.Share): build only this machine's part of a cluster run,
+        """``share`` (model.placement.Share): build only this machine's part of a cluster run,
         its crossing links as tunnels to the ``underlay`` address of each other server
         ({machine: address}, this one's included); the controller is then on another
         server or on this one's cluster address, ``controller_address``."""

@@ -19,7 +19,7 @@ from testbed.apply.tc import PortTc
 class EgressQueues:
     def __init__(self, plan, run_id: str, link_delay: bool = False, ports=None):
         """``ports``: the PortQueues to apply (a cluster share's, its tunnel ends included:
-        model.cluster.Share.queues); every planned port by default."""
+        model.placement.Share.queues); every planned port by default."""
         self.plan, self.run_id, self.link_delay = plan, run_id, link_delay
         self.ports = plan.queues if ports is None else tuple(ports)
         self.by_ifindex: dict[int, queues.PortQueue] = {}

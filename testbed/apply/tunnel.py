@@ -1,6 +1,6 @@
 """Apply: the crossing links of a cluster share as kernel VXLAN devices on the switches.
 
-A link whose two ends the placement put on different servers (``model.cluster.shares``)
+A link whose two ends the placement put on different servers (``model.placement.shares``)
 becomes, on each server, one VXLAN device named as the planned switch port and added to
 that switch at the planned OpenFlow port number: the controller's flows, the egress
 queues and the collector's counters find it where the plan says, as if it were the veth.

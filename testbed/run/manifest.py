@@ -47,7 +47,7 @@ class Manifest:
     training: dict | None = None  # headline of training.json
     pfc: dict | None = None  # the PFC process's totals
     routing: dict | None = None  # adaptive routing: {"mode", "decisions", "moved"}
-    cluster: dict | None = None  # a run across servers: servers, placement, clock offsets (run.cluster)
+    cluster: dict | None = None  # a run across servers: servers, placement, clock offsets (run.coordination)
     timings_s: dict = field(default_factory=dict)
 
     def write(self, run_dir: Path):

@@ -101,7 +101,7 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
     from testbed.apply import registry
     from testbed.apply.fabric import MininetFabric
     from testbed.config import scenario as scenarios
-    from testbed.model import cluster
+    from testbed.model import placement
     from testbed.model import plan as planning
 
     source = work / "scenario.yaml"
@@ -114,7 +114,7 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
                            f"{request['plan_digest']}): run the same version of the project on every server "
                            f"(testbed doctor --cluster names the one that differs)")
     machines = tuple(request["machines"])
-    (share,) = [s for s in cluster.shares(plan, cluster.place(plan, machines)) if s.machine == request["machine"]]
+    (share,) = [s for s in placement.shares(plan, placement.place(plan, machines)) if s.machine == request["machine"]]
     record = stack.enter_context(registry.RunRecord(request["run_id"], str(work)))
     fabric = stack.enter_context(MininetFabric(plan, request["run_id"], request["datapath"], request["controller_port"],
                                       record, work, link_delay=request["link_delay"],

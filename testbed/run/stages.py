@@ -70,7 +70,7 @@ class RunOptions:
     pcap: str = ""  # comma-separated ports to capture during training (capture.parse_ports)
     telemetry_interval_real_ns: int = planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS
     isolate_baseline: bool = False  # with jobs: run each job alone afterwards (run.baseline)
-    cluster: str = ""  # HERE,SERVER,...: run across servers (run.cluster; docs/cluster.md)
+    cluster: str = ""  # HERE,SERVER,...: run across servers (run.coordination; docs/cluster.md)
 
 
 @dataclass
@@ -111,8 +111,8 @@ class Run:
         self.timings: dict = {}
         self.ctl = self.fab = self.egress = self.pfcd = self.adaptive = self.record = None
         self.pfc_on = False  # some port's data class is lossless (the PFC process then also sends pauses)
-        self.layout = None  # a cluster run's servers and placement (run.cluster.Layout)
-        self.here = None  # this server's share of a cluster run (model.cluster.Share)
+        self.layout = None  # a cluster run's servers and placement (run.coordination.Layout)
+        self.here = None  # this server's share of a cluster run (model.placement.Share)
         self.far = []  # the other servers' shares (apply.remote_share.RemoteShare), once up
 
     # -- 1. plan ---------------------------------------------------------------------------
@@ -131,9 +131,9 @@ class Run:
         self.pcap_ports = parse_ports(opts.pcap, self.plan) if opts.pcap else []
         servers = opts.cluster or ",".join(sc.cluster)  # --cluster over the scenario's cluster:
         if servers:
-            from testbed.run import cluster as coordinating
+            from testbed.run import coordination
 
-            self.layout = coordinating.layout(self.plan, servers, opts,
+            self.layout = coordination.layout(self.plan, servers, opts,
                                               "--cluster" if opts.cluster else sc.where(("cluster",)))
             self.here = self.layout.shares(self.plan)[0]
         self.run_id, self.run_dir = new_run_dir(opts.results_dir, sc.name)
@@ -177,9 +177,9 @@ class Run:
         self.egress = stack.enter_context(EgressQueues(self.plan, self.run_id, link_delay=netem,
                                                        ports=here.queues if here else None))
         if self.layout is not None:
-            from testbed.run import cluster as coordinating
+            from testbed.run import coordination
 
-            self.far = coordinating.bring_up_others(stack, self.layout, self.run_dir, self.scenario, self.plan,
+            self.far = coordination.bring_up_others(stack, self.layout, self.run_dir, self.scenario, self.plan,
                                                     self.manifest, port, self.options.telemetry_interval_real_ns)
         # the PFC process also owns the data class's rate: a run whose events slow a link needs it
         self.pfc_on = any(pq.pfc for pq in self.plan.queues)
@@ -244,7 +244,7 @@ class Run:
         self.ctl.check_alive()
         interval_s = self.plan.telemetry.interval_emulated_ns / 1e9
         self.ctl.wait_poll_after(time.monotonic_ns(), 3 * interval_s + 5)
-        # (the other servers' telemetry is gathered as their shares come down: run.cluster)
+        # (the other servers' telemetry is gathered as their shares come down: run.coordination)
         self.manifest.write(self.run_dir)
 
     def after_training(self):

@@ -22,7 +22,7 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
     """Runs the training to the end; writes training.json and returns its headline.
     ``set_rate(real_bps, intfs)``: how link events slow a link (the PFC process's).
     ``far``: a cluster run's other servers' shares, whose GPUs train from there on the same
-    deadline (``run.cluster.train_across``); ``cluster`` gets their clocks and the start."""
+    deadline (``run.coordination.train_across``); ``cluster`` gets their clocks and the start."""
     tp, wl = plan.training, plan.scenario.workload
     t0 = time.monotonic()
     records_dir = run_dir / "agents"
@@ -47,7 +47,7 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
             # a cluster run: this server's GPUs (the others' records arrive when they are done)
             progress = Progress({g: ops for g, ops in tp.ops.items() if fab.has_host(g)}, records_dir, tp.iterations)
             if far:
-                from testbed.run.cluster import train_across
+                from testbed.run.coordination import train_across
 
                 timeout_s = max(HANG_GUARD_MIN_S, HANG_GUARD_RATIO * ideal_emulated_s)
                 started = train_across(agents, list(far), records_dir, timeout_s, progress)

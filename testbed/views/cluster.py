@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from testbed.model.cluster import Placement, shares
+from testbed.model.placement import Placement, shares
 from testbed.model.plan import Plan
 
 

@@ -25,7 +25,7 @@ def run_testbed(server: LocalServer, *argv, timeout=600) -> subprocess.Completed
 def test_run_across_two_servers_trains_and_gathers_one_results_folder(clean_slate, tmp_path):
     from testbed.analysis.training import load_records
     from testbed.config import scenario as scenarios
-    from testbed.model import cluster
+    from testbed.model import placement
     from testbed.model import plan as planning
 
     source = tmp_path / "leaf-spine-dp.yaml"
@@ -59,7 +59,7 @@ def test_run_across_two_servers_trains_and_gathers_one_results_folder(clean_slat
 
     sc = scenarios.load(str(source), ["workload.iterations=1", "workload.collective.bytes=256KB"])
     plan = planning.build(sc, manifest["datapath"])
-    here, there = cluster.shares(plan, cluster.place(plan, (s2.root_address, s2.address)))
+    here, there = placement.shares(plan, placement.place(plan, (s2.root_address, s2.address)))
     assert c["placement"][s2.address]["gpus"] == list(there.hosts)
     # both servers' records, every planned op, one completed iteration
     records = load_records(run_dir / "agents")

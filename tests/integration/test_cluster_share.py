@@ -43,13 +43,13 @@ class TwoServers:
     cluster address) and a LocalServer (b, over ssh); ``enter(stack)`` brings it up."""
 
     def __init__(self, sc, tmp_path, monkeypatch, s2):
-        from testbed.model import cluster
+        from testbed.model import placement
         from testbed.model import plan as planning
 
         self.sc, self.tmp_path, self.monkeypatch, self.s2 = sc, tmp_path, monkeypatch, s2
         self.plan = planning.build(sc, "user")
-        self.placement = cluster.place(self.plan, ("a", "b"))
-        self.here, self.there = cluster.shares(self.plan, self.placement)
+        self.placement = placement.place(self.plan, ("a", "b"))
+        self.here, self.there = placement.shares(self.plan, self.placement)
         self.plan_path = tmp_path / "plan.json"
         self.plan_path.write_text(json.dumps(self.plan.to_dict()))
         self.run_id = f"cluster-{tmp_path.name[-20:]}"
@@ -179,12 +179,12 @@ def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(
     from testbed.apply import remote_share
     from testbed.config import scenario as scenarios
     from testbed.errors import RunError
-    from testbed.model import cluster
+    from testbed.model import placement
     from testbed.model import plan as planning
 
     sc = scenarios.load("leaf-spine")
     plan = planning.build(sc, "user")
-    _here, there = cluster.shares(plan, cluster.place(plan, ("a", "b")))
+    _here, there = placement.shares(plan, placement.place(plan, ("a", "b")))
     with LocalServer(tmp_path, 2) as s2:
         monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
 
@@ -227,8 +227,8 @@ def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_t
     from testbed.analysis.training import load_records, summarise_run
     from testbed.apply.agents import Agents
     from testbed.config import scenario as scenarios
-    from testbed.model import cluster
-    from testbed.run.cluster import train_across
+    from testbed.model import placement
+    from testbed.run.coordination import train_across
 
     source = tmp_path / "leaf-spine-dp.yaml"
     source.write_text((ROOT / "scenarios" / "leaf-spine.yaml").read_text() + "traffic: dp-ring\n")
@@ -274,7 +274,7 @@ def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_t
         if at[q["peer"]] != at[q["gpu"]]:
             key = (at[q["peer"]], at[q["gpu"]])
             received[key] = received.get(key, 0) + q["bytes_received"]
-    expected = cluster.crossing_bytes(plan, two.placement)
+    expected = placement.crossing_bytes(plan, two.placement)
     assert expected and set(expected) == {("a", "b"), ("b", "a")}
     assert received == expected, (received, expected)
 

@@ -1,4 +1,4 @@
-"""Placement of a fabric on several machines (model.cluster): pure, no root."""
+"""Placement of a fabric on several machines (model.placement): pure, no root."""
 
 import json
 import re
@@ -8,7 +8,7 @@ import pytest
 from testbed import cli
 from testbed.config import scenario
 from testbed.errors import ConfigError
-from testbed.model import cluster, plan
+from testbed.model import placement, plan
 
 
 def build(ref, *overrides):
@@ -17,7 +17,7 @@ def build(ref, *overrides):
 
 def test_leaf_spine_places_one_pod_per_server_and_only_uplinks_cross():
     p = build("leaf-spine")
-    placed = cluster.place(p, ("a", "b"))
+    placed = placement.place(p, ("a", "b"))
     assert [pod.leaves for pod in placed.pods] == [("leaf1",), ("leaf2",)]
     assert placed.pod_machine == ("a", "b") and placed.gpus_on("a") == placed.gpus_on("b") == 4
     assert {placed.node_machine[f"spine{i}"] for i in (1, 2)} == {"a", "b"}
@@ -31,7 +31,7 @@ def test_leaf_spine_places_one_pod_per_server_and_only_uplinks_cross():
 
 def test_uneven_pods_go_to_the_machine_with_fewest_gpus():
     p = build("leaf-spine", "fabric.leaves=5", "fabric.spines=3", "fabric.uplinks.count=3")
-    placed = cluster.place(p, ("a", "b", "c"))
+    placed = placement.place(p, ("a", "b", "c"))
     assert sorted(placed.gpus_on(m) for m in placed.machines) == [4, 8, 8]
     assert sorted(placed.node_machine[s] for s in ("spine1", "spine2", "spine3")) == ["a", "b", "c"]
     assert sum(len(pod.gpus) for pod in placed.pods) == len(p.hosts)
@@ -43,10 +43,10 @@ def test_a_rail_optimised_fabric_is_one_pod_and_is_not_split():
     """Every server reaches every rail leaf and shares one NVLink: splitting would put a
     GPU link or an NVLink across machines, which the placement refuses by pod count."""
     p = build("default")
-    assert len(cluster.pods(p)) == 1
-    assert cluster.place(p, ("a",)).cross_links == ()
+    assert len(placement.pods(p)) == 1
+    assert placement.place(p, ("a",)).cross_links == ()
     with pytest.raises(ConfigError, match=r"2 servers but fabric rail-optimised of scenario default has 1 pod"):
-        cluster.place(p, ("a", "b"))
+        placement.place(p, ("a", "b"))
 
 
 @pytest.mark.parametrize("text, error", [
@@ -54,7 +54,7 @@ def test_a_rail_optimised_fabric_is_one_pod_and_is_not_split():
     ("a,a", "a is listed twice"), ("a;rm", "is not a host name"), ("-oProxyCommand=x", "is not a host name")])
 def test_bad_server_lists_are_refused(text, error):
     with pytest.raises(ConfigError, match=error):
-        cluster.parse_machines(text)
+        placement.parse_machines(text)
 
 
 def test_show_cluster_prints_the_placement_and_the_crossing_links(capsys, in_repo):
@@ -94,8 +94,8 @@ def test_ssh_uses_keys_only_and_the_cluster_ssh_config(monkeypatch):
 
 def test_shares_split_the_plan_exactly_and_both_ends_of_a_crossing_link_agree():
     p = build("leaf-spine")
-    placed = cluster.place(p, ("a", "b"))
-    a, b = cluster.shares(p, placed)
+    placed = placement.place(p, ("a", "b"))
+    a, b = placement.shares(p, placed)
     assert (a.machine, b.machine) == ("a", "b")
     # every node, queue and link once (a crossing link as one tunnel end on each side)
     assert sorted(a.switches + b.switches) == sorted(s.name for s in p.switches)
@@ -119,7 +119,7 @@ def test_shares_split_the_plan_exactly_and_both_ends_of_a_crossing_link_agree():
 
 def test_one_machine_has_no_tunnels():
     p = build("default")
-    (only,) = cluster.shares(p, cluster.place(p, ("a",)))
+    (only,) = placement.shares(p, placement.place(p, ("a",)))
     assert only.tunnels == () and only.paused_across == () and len(only.links) == len(p.links)
 
 
@@ -136,7 +136,7 @@ def test_cluster_view_golden(name, ref, sets, machines):
     from testbed.views import cluster as view
 
     p = build(ref, *sets)
-    got = view.render(p, cluster.place(p, machines)) + "\n"
+    got = view.render(p, placement.place(p, machines)) + "\n"
     path = GOLDEN / "cluster" / f"{name}.txt"
     if os.environ.get("TESTBED_REGEN_GOLDEN"):
         path.write_text(got)
@@ -163,7 +163,7 @@ def test_a_tunnel_end_is_a_vxlan_device_named_and_keyed_by_the_plan():
     from testbed.model.queues import LINK_MTU_BYTES
 
     p = build("leaf-spine")
-    a, _b = cluster.shares(p, cluster.place(p, ("a", "b")))
+    a, _b = placement.shares(p, placement.place(p, ("a", "b")))
     end = a.tunnels[0]
     argv = tunnel.vxlan_argv(end, "192.168.56.11", "192.168.56.12")
     assert argv[:5] == ["ip", "link", "add", "name", end.intf]
@@ -178,7 +178,7 @@ def test_tunnels_need_every_peer_address():
     from testbed.errors import RunError
 
     p = build("leaf-spine")
-    a, _b = cluster.shares(p, cluster.place(p, ("a", "b")))
+    a, _b = placement.shares(p, placement.place(p, ("a", "b")))
     with pytest.raises(RunError, match="no underlay address for b"):
         tunnel.TunnelPorts(a.tunnels, "r", None, "10.0.0.1", {"a": "10.0.0.1"})
 
@@ -187,7 +187,7 @@ def test_fabric_builds_only_its_share():
     from testbed.apply import fabric
 
     p = build("leaf-spine")
-    a, b = cluster.shares(p, cluster.place(p, ("a", "b")))
+    a, b = placement.shares(p, placement.place(p, ("a", "b")))
     topo = fabric.build_topo(p, "user", a)
     assert sorted(topo.switches()) == sorted(a.switches) and sorted(topo.hosts()) == sorted(a.hosts)
     assert len(topo.links()) == len(a.links)
@@ -205,7 +205,7 @@ def test_a_servers_records_come_back_on_the_coordinators_time_line():
         '{"gpu": "h5", "type": "qp", "packets_sent": 8, "nscc_base_rtt_ns": 900}',
         '{"gpu": "h5", "type": "op", "ready_ns": 8000, "sta',  # cut short by an interrupted run
     ]) + "\n"
-    out = cluster.to_coordinator_clock(text, 1000).splitlines()
+    out = placement.to_coordinator_clock(text, 1000).splitlines()
     assert json.loads(out[0]) == {"gpu": "h5", "type": "op", "ready_ns": 4000, "start_ns": 4100, "end_ns": 6000,
                                   "bytes": 32000}
     assert json.loads(out[1])["t_ns"] == 5000 and json.loads(out[1])["rate_bps"] == 100
@@ -213,20 +213,20 @@ def test_a_servers_records_come_back_on_the_coordinators_time_line():
     assert json.loads(out[2]) == {"gpu": "h5", "type": "qp", "packets_sent": 8, "nscc_base_rtt_ns": 900}
     assert out[3] == '{"gpu": "h5", "type": "op", "ready_ns": 8000, "sta'
     # a server behind the coordinator (negative offset) moves forward
-    assert json.loads(cluster.to_coordinator_clock(text, -1000).splitlines()[1])["t_ns"] == 7000
+    assert json.loads(placement.to_coordinator_clock(text, -1000).splitlines()[1])["t_ns"] == 7000
 
 
 def test_crossing_bytes_are_the_sends_whose_peer_is_on_another_server(tmp_path):
     source = tmp_path / "s.yaml"
     source.write_text("name: ls-dp\ntopology: leaf-spine\ntraffic: dp-ring\n")
     p = plan.build(scenario.load(str(source), ["workload.iterations=2", "workload.collective.bytes=256KB"]), "user")
-    placed = cluster.place(p, ("a", "b"))
+    placed = placement.place(p, ("a", "b"))
     # the ring h1..h8 crosses twice (h4 -> h5, h8 -> h1), each 2 x 7 steps of 256 KB / 8 per iteration
     per_pair = 2 * (2 * 7 * 32000)
-    assert cluster.crossing_bytes(p, placed) == {("a", "b"): per_pair, ("b", "a"): per_pair}
+    assert placement.crossing_bytes(p, placed) == {("a", "b"): per_pair, ("b", "a"): per_pair}
     # without a workload nothing crosses; on one machine nothing crosses
-    assert cluster.crossing_bytes(build("leaf-spine"), cluster.place(build("leaf-spine"), ("a", "b"))) == {}
-    assert cluster.crossing_bytes(p, cluster.place(p, ("a",))) == {}
+    assert placement.crossing_bytes(build("leaf-spine"), placement.place(build("leaf-spine"), ("a", "b"))) == {}
+    assert placement.crossing_bytes(p, placement.place(p, ("a",))) == {}
 
 
 def test_a_cluster_run_checks_its_servers_before_anything_is_built(tmp_path):
@@ -235,20 +235,20 @@ def test_a_cluster_run_checks_its_servers_before_anything_is_built(tmp_path):
     each naming where the list came from."""
     from types import SimpleNamespace
 
-    from testbed.run import cluster as coordinating
+    from testbed.run import coordination
 
     p = build("leaf-spine")
     opts = SimpleNamespace(pcap="", cli=False, isolate_baseline=False)
     with pytest.raises(ConfigError, match=r"f.yaml: cluster: '10.0.0.1' lists one server"):
-        coordinating.layout(p, "10.0.0.1", opts, "f.yaml: cluster")
+        coordination.layout(p, "10.0.0.1", opts, "f.yaml: cluster")
     with pytest.raises(ConfigError, match=r"--cluster: the first server must be this machine's address .* got "
                                           r"'127.0.0.1'"):
-        coordinating.layout(p, "127.0.0.1,192.0.2.7", opts)
+        coordination.layout(p, "127.0.0.1,192.0.2.7", opts)
     with pytest.raises(ConfigError, match=r"--cluster: the first server must be this machine's address .* got "
                                           r"'192.0.2.7'"):
-        coordinating.layout(p, "192.0.2.7,192.0.2.8", opts)  # TEST-NET-1: never this machine's
+        coordination.layout(p, "192.0.2.7,192.0.2.8", opts)  # TEST-NET-1: never this machine's
     with pytest.raises(ConfigError, match=r"--cluster: server 'no-such-host\.invalid' does not resolve to an IPv4 "):
-        coordinating.layout(p, "192.0.2.7,no-such-host.invalid", opts)
-    refused = coordinating.unsupported(build("leaf-spine", "fabric.routing=adaptive"),
+        coordination.layout(p, "192.0.2.7,no-such-host.invalid", opts)
+    refused = coordination.unsupported(build("leaf-spine", "fabric.routing=adaptive"),
                                        SimpleNamespace(pcap="leaf1-eth1", cli=True, isolate_baseline=True))
     assert [r.split(":")[0] for r in refused] == ["routing", "--pcap", "--cli", "--isolate-baseline"]

@@ -320,7 +320,7 @@ def test_dequeue_rate_leaves_out_an_interval_a_small_backlog_could_drain_in():
 def test_fidelity_fails_a_cluster_run_whose_clock_error_outgrows_a_tenth_of_an_mtu(run_dir):
     """A run across servers: the worst server's clock error (real), dilated, against a tenth
     of one MTU's serialisation on the fastest link. A single-machine run has no such check."""
-    from testbed.model import cluster
+    from testbed.model import placement
 
     assert "cluster_clock" not in {c["name"] for c in fidelity.check(results.load(run_dir))["checks"]}
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -328,7 +328,7 @@ def test_fidelity_fails_a_cluster_run_whose_clock_error_outgrows_a_tenth_of_an_m
         lk["rate_bps"] = 400e9
     (run_dir / "plan.json").write_text(json.dumps(plan))
     m = json.loads((run_dir / "manifest.json").read_text())
-    budget_real_ns = cluster.clock_budget_ns(400e9) * D  # 8.4 ns emulated at 400G
+    budget_real_ns = placement.clock_budget_ns(400e9) * D  # 8.4 ns emulated at 400G
     within = {"b": {"offset_ns": 10**12, "error_ns": round(0.5 * budget_real_ns)}, "c": {"offset_ns": 0, "error_ns": 1}}
     (run_dir / "manifest.json").write_text(json.dumps({**m, "cluster": {"clocks": within}}))
     by = {c["name"]: c for c in fidelity.check(results.load(run_dir))["checks"]}

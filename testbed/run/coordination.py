@@ -8,7 +8,7 @@ gathered into the run folder.
 The start time is this machine's CLOCK_MONOTONIC plus a margin; each server gets it
 shifted by its clock offset, measured over its share's own session just before (the best
 of CLOCK_SAMPLES round trips, ``apply.ssh.best_offset``). A server's records come back
-in its clock and are shifted back (``model.cluster.to_coordinator_clock``). The offsets
+in its clock and are shifted back (``model.placement.to_coordinator_clock``). The offsets
 and their errors are returned, for the run's manifest and the fidelity guard.
 """
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from testbed.apply.agents import READY_TIMEOUT_S
 from testbed.errors import ConfigError
-from testbed.model import cluster as placing
-from testbed.model.cluster import to_coordinator_clock
+from testbed.model import placement
+from testbed.model.placement import to_coordinator_clock
 
 LOG = logging.getLogger(__name__)
 START_MARGIN_S = 2.0  # the train command crosses ssh to every server before the start
@@ -61,7 +61,7 @@ class Layout:
 
     machines: tuple
     underlay: dict
-    placement: object  # model.cluster.Placement
+    placement: object  # model.placement.Placement
 
     @property
     def here(self) -> str:
@@ -72,7 +72,7 @@ class Layout:
         return self.machines[1:]
 
     def shares(self, plan) -> list:
-        return placing.shares(plan, self.placement)
+        return placement.shares(plan, self.placement)
 
     def to_dict(self, plan) -> dict:
         return {"servers": list(self.machines), "controller_address": self.underlay[self.here],
@@ -100,7 +100,7 @@ def unsupported(plan, options) -> list:
 def layout(plan, text: str, options, where: str = "--cluster") -> Layout:
     """``--cluster HERE,SERVER,...`` (or the scenario's ``cluster:``) checked against the
     plan and this machine: ConfigError naming what is wrong."""
-    machines = placing.parse_machines(text, where)
+    machines = placement.parse_machines(text, where)
     if len(machines) < 2:
         raise ConfigError(f"{where}: {text!r} lists one server; a cluster run needs this machine's address and "
                           f"at least one other server")
@@ -116,7 +116,7 @@ def layout(plan, text: str, options, where: str = "--cluster") -> Layout:
     blocked = unsupported(plan, options)
     if blocked:
         raise ConfigError(f"{where}: not built for a cluster run yet: " + "; ".join(blocked))
-    return Layout(machines=machines, underlay=underlay, placement=placing.place(plan, machines))
+    return Layout(machines=machines, underlay=underlay, placement=placement.place(plan, machines))
 
 
 def bring_up_others(stack, layout: Layout, run_dir: Path, scenario, plan, manifest, controller_port: int,
