@@ -23,7 +23,7 @@ from os_ken.ofproto import ofproto_v1_5
 
 from os_ken.lib import hub
 
-from testbed.wire import openflow as ofwire
+from testbed.wire import openflow
 from testbed.controller import routing, telemetry
 from testbed.controller.collector import Collector
 
@@ -169,7 +169,7 @@ class TestbedController(app_manager.OSKenApp):
                                               out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY))
                 dp.send_msg(parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL))
             elif isinstance(m, routing.GroupAdd):
-                dp.send(ofwire.select_group_add(self._next_xid(dp), m.group_id, m.ports, m.hash_fields))
+                dp.send(openflow.select_group_add(self._next_xid(dp), m.group_id, m.ports, m.hash_fields))
             elif isinstance(m, routing.FlowAdd):
                 actions = [self._action(parser, a) for a in m.actions]
                 inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)] if actions else []

@@ -14,7 +14,7 @@ Program installed on every switch (OpenFlow 1.3):
 - table 1, priority 100 + prefix length: IPv4 to a prefix -> decrement TTL, then
   output to the one port, or to a select group over the ECMP ports that hashes the
   5-tuple (``HASH_FIELDS``), so flows differing only in UDP source port spread over
-  the uplinks (OVS's default group hash leaves UDP ports out: see ``ofwire``);
+  the uplinks (OVS's default group hash leaves UDP ports out: see ``wire.openflow``);
 - adaptive routing only (``plan["routing"] == "adaptive"``), table 1, priority
   ``PRIORITY_STEERED``: per port of a select group, IPv4 tagged with VLAN id = that port
   -> pop the tag, decrement TTL, output there. The hop before the switch chose the port

@@ -19,7 +19,7 @@ from plotly.offline import get_plotlyjs
 from testbed.analysis import kpis, results
 from testbed.config.scenario import REPORT_SECTIONS
 from testbed import units
-from testbed.views import summary as summary_text
+from testbed.views import summary
 
 MAX_TIMELINE_ITERATIONS = 3  # a per-GPU timeline of more would be unreadable (and heavy)
 MAX_QUEUE_PORTS = 6
@@ -276,10 +276,10 @@ def render(r, s: dict) -> str:
     if not run.get("complete", True):
         body.append(f"<p class='verdict bad'>INCOMPLETE: {html.escape(run.get('incomplete_because', ''))}. "
                     f"Everything collected until then is shown.</p>")
-    body += ["<h2>What happened</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in summary_text.narrative(s))
+    body += ["<h2>What happened</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in summary.narrative(s))
              + "</ul>", "<h2>Can these numbers be trusted? (fidelity guard)</h2>", _fidelity_html(s.get("fidelity", {})),
              "<h2>KPIs</h2>", "<p class='how'>Measured values beside their analytical references, in real-fabric "
-             "units.</p>", _table(summary_text.kpi_rows(s), ["KPI", "measured", "reference"])]
+             "units.</p>", _table(summary.kpi_rows(s), ["KPI", "measured", "reference"])]
     for key, heading, how, make in _order(r.run_dir):
         fig = (counters_fig(r, s) if key == "counters" else collectives_fig(s) if key == "collectives"
                else make(r))
@@ -309,7 +309,7 @@ def compare_rows(summaries: list[dict]) -> tuple[list[str], list[list[str]]]:
         if m:
             rows["routing, load balancing"] = (f"{m.get('routing', 'ecmp')}, {m.get('load_balancing', 'flow')}, "
                                                f"{m.get('qps_per_connection', 1)} QP/connection")
-        rows.update({k: v for k, v, _ in summary_text.kpi_rows(s)})
+        rows.update({k: v for k, v, _ in summary.kpi_rows(s)})
         per_run.append(rows)
         for k in rows:
             if k not in names:

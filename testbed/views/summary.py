@@ -5,7 +5,7 @@ module only presents it)."""
 from __future__ import annotations
 
 from testbed import units
-from testbed.analysis.failures import sentence as failure_sentence
+from testbed.analysis import failures
 
 # the next experiment on the default scenario, when its rail-aligned ring congests nothing
 DEFAULT_NEXT_STEP = ("; a mapping whose ring crosses the spines congests it (--set workload.mapping=sequential, "
@@ -160,7 +160,7 @@ def narrative(s: dict) -> list[str]:
                    + (f"; {t['out_of_order_ratio']:.1%} of data packets arrived out of order" if
                       t.get("out_of_order_ratio") else "") + ".")
     if s.get("link_events"):
-        out.append(failure_sentence(s["link_events"], t, fmt_d))
+        out.append(failures.sentence(s["link_events"], t, fmt_d))
     return out
 
 
