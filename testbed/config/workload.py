@@ -263,7 +263,6 @@ def _balance(c, tr: dict, path: tuple) -> dict:
     mode = c.choice(tr, "load_balancing", path, LOAD_BALANCING, d["load_balancing"])
     spray = c.integer(tr, "spray_packets", path, default=d["spray_packets"], minimum=1, maximum=1_000_000)
     gap = c.unit(tr, "flowlet_gap", path, units.parse_duration_ns, required=False)
-    gap = d["flowlet_gap_ns"] if "flowlet_gap" not in tr else gap
     if gap is not None and gap <= 0:
         c.problem(path + ("flowlet_gap",), f"expected a duration > 0, got {_show(tr['flowlet_gap'])}")
     for key, needs in (("spray_packets", "spray"), ("flowlet_gap", "flowlet")):
@@ -271,7 +270,7 @@ def _balance(c, tr: dict, path: tuple) -> dict:
             c.problem(path + (key,), f"only used with load_balancing: {needs} (this one is {mode})")
     got = {"kind": kind, "qps_per_connection": qps, "load_balancing": mode, "spray_packets": spray,
            "flowlet_gap_ns": gap}
-    return {k: d[k] if v is None else v for k, v in got.items()}  # a refused value: the default (the run stops)
+    return {k: d[k] if v is None else v for k, v in got.items()}  # unset or refused (the run stops): the default
 
 
 def _pipeline(c, doc, path: tuple, pipeline) -> tuple:

@@ -54,6 +54,11 @@ def uplinks(view) -> list:
     return [q["intf"] for q in view.plan["queues"] if q["switch"].startswith("leaf") and q["peer"].startswith("spine")]
 
 
+def rdma_mtu_bytes(view) -> int:
+    """The RoCE payload per packet the run's agents used (its plan's transport)."""
+    return Transport.from_dict(view.plan["training"]["transport"]).mtu_bytes
+
+
 def spine_ports(view) -> list:
     return [q["intf"] for q in view.plan["queues"] if q["switch"].startswith("spine")]
 
@@ -63,7 +68,7 @@ def spine_bytes(view) -> tuple:
     from the sends whose GPUs sit on different leaves (payload plus headers)."""
     sent = port_bytes(view)
     measured = sum(sent.get(i, 0) for i in spine_ports(view))
-    mtu = Transport.from_dict(view.plan["training"]["transport"]).mtu_bytes
+    mtu = rdma_mtu_bytes(view)
     planned = sum(wire_bytes(s["bytes"], mtu) for s in sends(view) if crosses_spine(view, s["gpu"], s["peer"]))
     return measured, planned
 
@@ -72,7 +77,7 @@ def flows_per_uplink(view, ports=None) -> dict:
     """Leaf uplink (or each of ``ports``) -> how many ring flows ECMP hashed onto it: its
     bytes over one flow's bytes (every flow of a ring carries the same bytes)."""
     sent = port_bytes(view)
-    mtu = Transport.from_dict(view.plan["training"]["transport"]).mtu_bytes
+    mtu = rdma_mtu_bytes(view)
     per_flow = {}
     for s in sends(view):
         if crosses_spine(view, s["gpu"], s["peer"]):
@@ -89,5 +94,5 @@ def fabric_bytes(view) -> tuple:
     their GPU ports (data and ACKs), and the planned fabric sends with their headers."""
     received = port_bytes(view, "rx_bytes")
     measured = sum(received.get(p, 0) for p in host_ports(view).values())
-    mtu = Transport.from_dict(view.plan["training"]["transport"]).mtu_bytes
+    mtu = rdma_mtu_bytes(view)
     return measured, sum(wire_bytes(s["bytes"], mtu) for s in sends(view))

@@ -71,7 +71,7 @@ def compute(switches, hosts, links, leaves) -> list[Route]:
                 continue
             if dest.name in adj[s]:
                 ports = direct[s][dest.name]
-            elif s == rep or rep in adj[s]:
+            elif s == rep:  # a switch next to rep is next to dest too (same neighbours)
                 ports = toward(s, dist)
             else:
                 ports = base[s]
