@@ -229,11 +229,13 @@ def smallest_frame_bytes(scenario: Scenario) -> int:
     return min((w.mtu_bytes for w in workloads if w is not None), default=DEFAULT_MTU_BYTES) + roce.HEADER_BYTES
 
 
-def auto_dilation(scenario: Scenario, datapath: str) -> tuple[units.Dilation, str]:
+def auto_dilation(scenario: Scenario, datapath: str, slowdown: float = 1.0) -> tuple[units.Dilation, str]:
     """Dilation so that every GPU sending at line rate fits what this machine kind does in
     time, rounded up to 1/2/5 x 10^k: the bytes forwarded across three switch hops (the
     datapath's forwarding budget) and the packets the GPU agents send (their packet budget,
-    at the scenario's smallest MTU), whichever needs more."""
+    at the scenario's smallest MTU), whichever needs more; times ``slowdown``, how much
+    slower than the budgets' machine kind this machine runs the agents' per-packet work
+    (``apply.speed``: 1 on that kind)."""
     fabric = scenario.fabric
     gpus = sum(leaf.hosts for leaf in fabric.leaves)
     hops = 3 if fabric.spines else 1
@@ -242,13 +244,15 @@ def auto_dilation(scenario: Scenario, datapath: str) -> tuple[units.Dilation, st
     budget = FORWARDING_BUDGET_BPS["kernel" if datapath == "kernel" else "user"]
     frame = smallest_frame_bytes(scenario)
     packets = gpus * rate / (8 * frame)
-    need = max(demand / budget, packets / AGENT_PACKET_BUDGET_PPS)
+    need = max(demand / budget, packets / AGENT_PACKET_BUDGET_PPS) * slowdown
     d = units.Dilation.nice(need)
     reason = (f"auto: forwarding {gpus} GPUs x {units.format_rate(rate)} x {hops} hops = {units.format_rate(demand)} "
               f"against the {datapath} datapath's {units.format_rate(budget)} -> D >= {demand / budget:.0f}; "
               f"the agents' packets {gpus} GPUs x {units.format_rate(rate)} / {frame}-byte frames = "
               f"{units.format_rate(packets)}/s against {AGENT_PACKET_BUDGET_PPS}/s -> D >= "
-              f"{packets / AGENT_PACKET_BUDGET_PPS:.0f}; rounded to {d.factor:g}")
+              f"{packets / AGENT_PACKET_BUDGET_PPS:.0f}; "
+              + (f"x{slowdown:g} for this machine's measured speed; " if slowdown != 1 else "")
+              + f"rounded to {d.factor:.0f}")
     return d, reason
 
 
@@ -257,16 +261,17 @@ def _mac(kind: int, a: int, b: int) -> str:
 
 
 def build(scenario: Scenario, datapath: str = "user", link_delay: bool = False,
-          telemetry_interval_real_ns: int = DEFAULT_TELEMETRY_INTERVAL_REAL_NS) -> Plan:
+          telemetry_interval_real_ns: int = DEFAULT_TELEMETRY_INTERVAL_REAL_NS, slowdown: float = 1.0) -> Plan:
     """The whole run plan for a scenario, from what the machine offers: ``datapath``
-    ("user"/"kernel") feeds auto dilation; ``link_delay`` says whether cable delay is
-    emulated (netem), which the training's ideal then counts."""
+    ("user"/"kernel") and ``slowdown`` (the machine's measured speed, ``apply.speed``) feed
+    auto dilation; ``link_delay`` says whether cable delay is emulated (netem), which the
+    training's ideal then counts."""
     fabric = scenario.fabric
     if scenario.dilation is not None:
         dilation = units.Dilation(scenario.dilation)
         reason = "set by the scenario"
     else:
-        dilation, reason = auto_dilation(scenario, datapath)
+        dilation, reason = auto_dilation(scenario, datapath, slowdown)
 
     spines = [Switch(f"spine{i + 1}", "spine", i + 1, i + 1) for i in range(fabric.spines)]
     leaves = [Switch(f"leaf{i + 1}", "leaf", fabric.spines + i + 1, i + 1) for i in range(len(fabric.leaves))]

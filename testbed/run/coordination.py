@@ -131,7 +131,8 @@ def bring_up_others(stack, layout: Layout, run_dir: Path, scenario, plan, manife
     for server in layout.others:
         request = make_request(run_id=manifest.run_id, scenario=scenario.resolved, plan=plan,
                                datapath=manifest.datapath, link_delay=manifest.link_delay_emulated,
-                               telemetry_interval_real_ns=telemetry_interval_real_ns, machines=layout.machines,
+                               telemetry_interval_real_ns=telemetry_interval_real_ns,
+                               slowdown=(manifest.machine_speed or {}).get("slowdown", 1.0), machines=layout.machines,
                                machine=server, underlay=layout.underlay,
                                controller_address=layout.underlay[layout.here], controller_port=controller_port)
         far.append(stack.enter_context(RemoteShare(server, request)))

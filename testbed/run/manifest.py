@@ -48,6 +48,7 @@ class Manifest:
     pfc: dict | None = None  # the PFC process's totals
     routing: dict | None = None  # adaptive routing: {"mode", "decisions", "moved"}
     cluster: dict | None = None  # a run across servers: servers, placement, clock offsets (run.coordination)
+    machine_speed: dict | None = None  # the speed probe behind an automatic dilation (apply.speed)
     timings_s: dict = field(default_factory=dict)
 
     def write(self, run_dir: Path):

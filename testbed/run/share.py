@@ -2,7 +2,8 @@
 ``apply.remote_share.RemoteShare``; docs/cluster.md).
 
 It reads one JSON line on stdin: the run id, the resolved scenario, how the coordinator
-built the plan (datapath, link delay, telemetry interval) and the digest of that plan, the
+built the plan (datapath, link delay, telemetry interval, the slowdown its speed probe
+measured) and the digest of that plan, the
 servers in placement order with their underlay addresses, which one this is, and the
 controller's address and port. It builds the same plan from the same scenario (refusing
 if the digest differs: the servers run different versions), places it as the coordinator
@@ -58,12 +59,12 @@ def plan_digest(plan_dict: dict) -> str:
 
 
 def make_request(*, run_id: str, scenario: dict, plan, datapath: str, link_delay: bool,
-                 telemetry_interval_real_ns: int, machines, machine: str, underlay: dict, controller_address: str,
+                 telemetry_interval_real_ns: int, slowdown: float, machines, machine: str, underlay: dict, controller_address: str,
                  controller_port: int) -> dict:
     """The request line the coordinator sends server ``machine`` (the module docstring):
     ``scenario`` as resolved, and the digest of ``plan`` it must plan identically."""
     return {"run_id": run_id, "scenario": scenario, "datapath": datapath, "link_delay": link_delay,
-            "telemetry_interval_real_ns": telemetry_interval_real_ns, "plan_digest": plan_digest(plan.to_dict()),
+            "telemetry_interval_real_ns": telemetry_interval_real_ns, "slowdown": slowdown, "plan_digest": plan_digest(plan.to_dict()),
             "machines": list(machines), "machine": machine, "underlay": underlay,
             "controller_address": controller_address, "controller_port": controller_port}
 
@@ -107,7 +108,8 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
     source = work / "scenario.yaml"
     source.write_text(yaml.safe_dump(request["scenario"], sort_keys=False))
     plan = planning.build(scenarios.load(str(source)), request["datapath"], link_delay=request["link_delay"],
-                          telemetry_interval_real_ns=request["telemetry_interval_real_ns"])
+                          telemetry_interval_real_ns=request["telemetry_interval_real_ns"],
+                          slowdown=request["slowdown"])
     digest = plan_digest(plan.to_dict())
     if digest != request["plan_digest"]:
         raise TestbedError(f"this server plans the run differently (plan {digest}, the coordinator's "

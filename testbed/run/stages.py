@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from testbed import units
-from testbed.apply import capabilities, registry
+from testbed.apply import capabilities, registry, speed
 from testbed.apply.controller import Controller
 from testbed.apply.marker import PIN_ROOT
 from testbed.apply.process import free_tcp_port
@@ -124,8 +124,10 @@ class Run:
         sc, opts = self.scenario, self.options
         datapath = capabilities.choose_datapath(opts.datapath or sc.datapath)
         netem = capabilities.qdisc_support().get("netem", False)
+        machine = speed.measure() if sc.dilation is None else None  # only an automatic dilation uses it
         self.plan = planning.build(sc, datapath, link_delay=netem,
-                                   telemetry_interval_real_ns=opts.telemetry_interval_real_ns)
+                                   telemetry_interval_real_ns=opts.telemetry_interval_real_ns,
+                                   slowdown=machine.slowdown if machine else 1.0)
         from testbed.apply.capture import parse_ports
 
         self.pcap_ports = parse_ports(opts.pcap, self.plan) if opts.pcap else []
@@ -147,6 +149,7 @@ class Run:
                                             "interval_real_ns": self.plan.telemetry.interval_real_ns,
                                             "interval_emulated_ns": self.plan.telemetry.interval_emulated_ns})
         self.manifest.timings_s = self.timings
+        self.manifest.machine_speed = machine.to_dict() if machine else None
         if self.layout is not None:
             self.manifest.cluster = self.layout.to_dict(self.plan)
         self.manifest.write(self.run_dir)

@@ -39,6 +39,9 @@ def _header(plan: Plan) -> list[str]:
         out.append(f"event: at {format_duration(e.at_ns)} after the start, link {e.name} {e.action}{rate} "
                    f"({', '.join(e.intfs)}; {format_duration(d.duration_ns(e.at_ns))} emulated)")
     out.append(f"dilation: {d.factor:g} ({plan.dilation_reason})")
+    if plan.scenario.dilation is None:
+        out.append("  a run multiplies it by this machine's measured slowdown (x1 on the machine kind the "
+                   "budgets were measured on; python -m testbed.apply.speed)")
     out.append(f"  real 400G = {format_rate(d.rate_bps(400e9))}bit/s emulated; real 1us = "
                f"{format_duration(d.duration_ns(1000))} emulated; bytes unchanged")
     over = plan.oversubscription()

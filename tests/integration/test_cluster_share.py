@@ -33,7 +33,8 @@ def share_request(sc, plan, run_id: str, s2, controller_port: int) -> dict:
     from testbed.run.share import make_request
 
     return make_request(run_id=run_id, scenario=sc.resolved, plan=plan, datapath="user", link_delay=False,
-                        telemetry_interval_real_ns=planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS, machines=("a", "b"),
+                        telemetry_interval_real_ns=planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS, slowdown=1.0,
+                        machines=("a", "b"),
                         machine="b", underlay={"a": s2.root_address, "b": s2.address},
                         controller_address=s2.root_address, controller_port=controller_port)
 

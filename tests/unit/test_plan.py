@@ -161,6 +161,17 @@ def test_dilation_auto_and_explicit():
     assert build("rail-32", "fabric.servers=16", *big).dilation.factor == 1000000
 
 
+def test_a_slower_machine_multiplies_the_automatic_dilation_and_says_so():
+    # the default's 48146 x 12.5 (a machine the speed probe reads 12.5x slower) = 601825 -> 1000000
+    slow = plan.build(scenario.load("default"), "user", slowdown=12.5)
+    assert slow.dilation.factor == 1000000
+    assert "D >= 48146; x12.5 for this machine's measured speed; rounded to 1000000" in slow.dilation_reason
+    assert "measured speed" not in build("default").dilation_reason
+    # a dilation the scenario sets is the user's, whatever the machine
+    fixed = plan.build(scenario.load("default", ["dilation=40000"]), "user", slowdown=12.5)
+    assert fixed.dilation == Dilation(40000)
+
+
 def test_single_leaf_without_spines():
     p = build("topologies/leaf-spine.yaml", "fabric.spines=0", "fabric.leaves=1", "fabric.uplinks={count: 0}")
     assert [s.name for s in p.switches] == ["leaf1"]
