@@ -19,7 +19,7 @@ rate in both directions, as a link that trained down to fewer lanes: nothing goe
 the controller is not told (nor is a real switch's ECMP), and the traffic hashed onto the
 link goes on at the lower rate; ``up`` restores the planned rate (and plugs back a link
 that was down). Links and switches are named here and checked against the planned fabric
-(and a slow rate against the link's) in ``model.events``.
+(and a slow rate against the link's) in ``model.link_events``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from testbed.config import events as event_schema, jobs as job_schema, workload as traffic_schema
 from testbed import units
-from testbed.config.checker import Checker, show as _show
+from testbed.config.checker import Checker, show
 from testbed.config.source import NAME_RE, Origins, resolve
 from testbed.errors import ConfigError
 
@@ -158,10 +158,10 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     name = doc.get("name")
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         c.problem(("name",), f"expected 1-32 characters of a-z, 0-9, - and _ starting with a letter or digit, "
-                             f"got {_show(name)}")
+                             f"got {show(name)}")
     description = doc.get("description") or ""
     if not isinstance(description, str):
-        c.problem(("description",), f"expected text, got {_show(description)}")
+        c.problem(("description",), f"expected text, got {show(description)}")
         description = ""
     fabric = _validate_fabric(c, doc.get("fabric"), ("fabric",))
     queues = _validate_queues(c, doc.get("queues"), ("queues",))
@@ -187,7 +187,7 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     elif (isinstance(dilation, bool) or not isinstance(dilation, (int, float)) or not math.isfinite(dilation)
           or not 1 <= dilation <= MAX_DILATION):
         c.problem(("dilation",), f"expected 'auto' or a number from 1 to {MAX_DILATION:g} (at {MAX_DILATION:g}, one "
-                                 f"microsecond of the fabric takes {MAX_DILATION / 1e6:g} s here), got {_show(dilation)}")
+                                 f"microsecond of the fabric takes {MAX_DILATION / 1e6:g} s here), got {show(dilation)}")
         dilation = None
     datapath = c.choice(doc, "datapath", (), DATAPATHS, "auto")
     seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
@@ -216,12 +216,12 @@ def _validate_cluster(c: Checker, doc, path: tuple) -> tuple:
         return ()
     if not isinstance(doc, list) or len(doc) < 2:
         c.problem(path, f"expected a list of at least two servers (this machine's address first, then each other "
-                        f"server), got {_show(doc)}")
+                        f"server), got {show(doc)}")
         return ()
     out = []
     for i, server in enumerate(doc):
         if not isinstance(server, str) or not _SERVER_RE.fullmatch(server):
-            c.problem((*path, i), f"expected a host name or address, got {_show(server)}")
+            c.problem((*path, i), f"expected a host name or address, got {show(server)}")
         elif server in out:
             c.problem((*path, i), f"{server} is listed twice; each server runs its share once")
         else:
@@ -236,11 +236,11 @@ def _validate_report(c: Checker, doc, path: tuple):
     doc = c.mapping(doc, path, ("first",))
     first = doc.get("first", [])
     if not isinstance(first, list):
-        c.problem(path + ("first",), f"expected a list of plot names such as [queues, timeline], got {_show(first)}")
+        c.problem(path + ("first",), f"expected a list of plot names such as [queues, timeline], got {show(first)}")
         return
     for i, key in enumerate(first):
         if key not in REPORT_SECTIONS:
-            c.problem(path + ("first", i), f"expected one of {', '.join(REPORT_SECTIONS)}, got {_show(key)}")
+            c.problem(path + ("first", i), f"expected one of {', '.join(REPORT_SECTIONS)}, got {show(key)}")
 
 
 def _link(c: Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):
@@ -255,7 +255,7 @@ def _link(c: Checker, doc, path: tuple, keys=_LINK_KEYS, default_cable="3m"):
 def _uplinks(c: Checker, doc, path: tuple, spines: int | None, defaults: dict | None = None):
     merged = dict(defaults or {})
     if doc is not None and not isinstance(doc, dict):
-        c.problem(path, f"expected a mapping with count, rate, cable, got {_show(doc)}")
+        c.problem(path, f"expected a mapping with count, rate, cable, got {show(doc)}")
         return None
     merged.update(doc or {})
     c.mapping(merged, path, _UPLINK_KEYS)
@@ -277,11 +277,11 @@ def _uplinks(c: Checker, doc, path: tuple, spines: int | None, defaults: dict | 
 
 def _validate_fabric(c: Checker, doc, path: tuple) -> Fabric | None:
     if not isinstance(doc, dict):
-        c.problem(path, f"expected a topology mapping, got {_show(doc)}")
+        c.problem(path, f"expected a topology mapping, got {show(doc)}")
         return None
     kind = doc.get("kind")
     if kind not in KINDS:
-        c.problem(path + ("kind",), f"expected one of {', '.join(KINDS)}, got {_show(kind)}")
+        c.problem(path + ("kind",), f"expected one of {', '.join(KINDS)}, got {show(kind)}")
         return None
     c.mapping(doc, path, _FABRIC_KEYS[kind])
     spines = c.integer(doc, "spines", path, minimum=0, maximum=MAX_SPINES)
@@ -362,7 +362,7 @@ def _validate_queues(c: Checker, doc, path: tuple) -> Queues | None:
     doc = c.mapping(doc, path, ("buffer", "ecn", "pfc", "trim"))
     trim = doc.get("trim", "off")
     if trim not in (True, False, "on", "off"):
-        c.problem(path + ("trim",), f"expected on or off, got {_show(trim)}")
+        c.problem(path + ("trim",), f"expected on or off, got {show(trim)}")
     buffer = c.unit(doc, "buffer", path, units.parse_size_bytes, required=False)
     ecn = pfc = None
     raw_ecn = doc.get("ecn", {})
@@ -373,7 +373,7 @@ def _validate_queues(c: Checker, doc, path: tuple) -> Queues | None:
         kmax = c.unit(e, "kmax", here, units.parse_size_bytes, required=False)
         pmax = e.get("pmax")
         if pmax is not None and (isinstance(pmax, bool) or not isinstance(pmax, (int, float)) or not 0 < pmax <= 1):
-            c.problem(here + ("pmax",), f"expected a probability in (0, 1], got {_show(pmax)}")
+            c.problem(here + ("pmax",), f"expected a probability in (0, 1], got {show(pmax)}")
             pmax = None
         if kmin is not None and kmax is not None and kmin > kmax:
             c.problem(here + ("kmin",), f"kmin ({units.format_size(kmin)}) must not exceed kmax "

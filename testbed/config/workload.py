@@ -59,7 +59,7 @@ class Workload:
     flowlet_gap_ns: int = 10_000  # flowlet: a new source port after an idle gap this long (real time)
     kind: str = "roce"  # roce (RC, go-back-N, DCQCN) | uet (reliable unordered, SACK, NSCC)
     # (the five defaults above are BALANCE_DEFAULTS: a test checks they agree)
-    chakra: object = None  # config.trace.Trace: the schedule is this trace's replay (model.replay)
+    chakra: object = None  # config.traces.Trace: the schedule is this trace's replay (model.replay)
 
     @property
     def compute_ns(self) -> int:
@@ -119,7 +119,7 @@ def _chakra(c, doc, path: tuple, gpus: int | None, names=None) -> Workload | Non
     """A Chakra trace replayed (``chakra: {prefix, comm_groups}``): one rank per GPU, ranks
     on GPUs by ``mapping``; the trace says what each does, so the native schedule's fields
     are refused rather than silently ignored."""
-    from testbed.config import trace as traces  # the trace reader (protobuf) only when one is asked for
+    from testbed.config import traces  # the trace reader (protobuf) only when one is asked for
     for key in doc:
         if key not in CHAKRA_KEYS and key in KEYS:
             c.problem(path + (key,), "not used with chakra: the trace says what every rank does")

@@ -24,7 +24,7 @@ Program installed on every switch (OpenFlow 1.3):
   neighbour entries, so nothing needs flooding and no packet reaches the controller.
 
 When a fabric port goes down or comes back (OpenFlow port status), the routes are computed
-again from the plan's links without the dead ones (``model.routes.compute``, the same
+again from the plan's links without the dead ones (``model.routing.compute``, the same
 shortest paths the plan made) and every switch whose routes changed gets, make before
 break, a new select group for each new port set, then its changed route flows overwritten
 to use them (an OpenFlow add with the same match and priority replaces a flow in place),
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from types import SimpleNamespace
 
-from testbed.model import routes as planned_routes
+from testbed.model import routing
 
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_MAC_CONTROL = 0x8808
@@ -190,7 +190,7 @@ class FabricController:
         (self.down.discard if live else self.down.add)(key)
         fresh: dict[str, dict] = {}
         g = self.graph
-        for r in planned_routes.compute(g["switches"], g["hosts"], [lk for lk in g["links"] if lk.a_intf not in self.down],
+        for r in routing.compute(g["switches"], g["hosts"], [lk for lk in g["links"] if lk.a_intf not in self.down],
                                         g["leaves"]):
             fresh.setdefault(r.switch, {})[r.prefix] = r.ports
         out = []
@@ -243,7 +243,7 @@ class FabricController:
 
     @cached_property
     def graph(self) -> dict:
-        """The fabric as ``model.routes.compute`` walks it: built on the first port status,
+        """The fabric as ``model.routing.compute`` walks it: built on the first port status,
         not at start (a controller that never reroutes never needs it)."""
         return _graph(self.plan)
 
@@ -253,7 +253,7 @@ class FabricController:
 
 
 def _graph(plan: dict) -> dict:
-    """The plan's switches, GPUs and links as the objects ``model.routes.compute`` walks."""
+    """The plan's switches, GPUs and links as the objects ``model.routing.compute`` walks."""
     switches = [SimpleNamespace(**s) for s in plan["switches"]]
     links = [SimpleNamespace(**lk) for lk in plan.get("links", [])]
     hosts = [SimpleNamespace(**h, addr=h["ip"].split("/")[0]) for h in plan.get("hosts", [])]

@@ -28,7 +28,7 @@ from functools import cached_property
 from testbed import units
 from testbed.config.scenario import Scenario
 from testbed.config.workload import DEFAULT_MTU_BYTES
-from testbed.model import events as link_events, limits, pfc, queues, routes as routing
+from testbed.model import limits, link_events, pfc, queues, routing
 from testbed.model.training import TrainingPlan, plan_training
 from testbed.wire import roce
 
@@ -136,7 +136,7 @@ class Plan:
     training: TrainingPlan | None = None  # None: the run only proves reachability
     telemetry: Telemetry | None = None
     link_delay: bool = False  # cable delay emulated (netem): the ideal counts propagation
-    events: tuple = ()  # model.events.LinkEvent: links down and up while it trains
+    events: tuple = ()  # model.link_events.LinkEvent: links down and up while it trains
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -199,7 +199,7 @@ class Plan:
         return self.scenario.fabric.routing
 
     def adaptive_choices(self) -> list:
-        """Adaptive routing's decision table (empty under ECMP): ``routes.Steer`` entries."""
+        """Adaptive routing's decision table (empty under ECMP): ``routing.Steer`` entries."""
         if self.routing != "adaptive":
             return []
         return routing.adaptive_choices(self.hosts, self.links, self.routes)

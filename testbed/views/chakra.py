@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from testbed.config import trace as traces
+from testbed.config import traces
 from testbed.units import format_duration, format_size
 
 

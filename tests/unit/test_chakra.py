@@ -12,7 +12,7 @@ import pytest
 
 from testbed.config import scenario
 from testbed.errors import ConfigError
-from testbed.config import trace as traces
+from testbed.config import traces
 from testbed.model import plan as planning
 from testbed.paths import ROOT, TRAFFIC_DIR
 from testbed.wire import chakra as wire

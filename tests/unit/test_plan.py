@@ -193,7 +193,7 @@ def test_adaptive_choices_where_a_switch_has_a_choice():
     GPU NIC for its leaf's uplinks (4), each leaf uplink for the spine's two parallel links
     down to the other leaf; spine ports toward a leaf do not (the leaf's /32s have one port),
     nor does a leaf uplink for its own /24. ECMP plans have none."""
-    from testbed.model.routes import Steer
+    from testbed.model.routing import Steer
 
     p = plan.build(scenario.load("collisions", ["fabric.routing=adaptive"]), "user")
     assert p.routing == "adaptive" and p.to_dict()["routing"] == "adaptive"
@@ -236,12 +236,12 @@ def _routes_one_search_per_leaf(switches, links, leaves):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_routes_shared_by_leaves_with_the_same_neighbours_match_a_search_per_leaf(seed):
-    """routes.compute searches once per class of leaves with the same neighbours; on random
+    """routing.compute searches once per class of leaves with the same neighbours; on random
     fabrics (leaves that share spines and leaves that do not, parallel links, leaf-leaf and
     spine-spine links, unreachable switches) it must give every port a search per leaf gives."""
     import random
 
-    from testbed.model import routes
+    from testbed.model import routing
 
     rng = random.Random(seed)
     n_leaves, n_spines = rng.randint(1, 9), rng.randint(0, 5)
@@ -265,5 +265,5 @@ def test_routes_shared_by_leaves_with_the_same_neighbours_match_a_search_per_lea
         a, b = rng.sample(switches, 2) if len(switches) > 1 else (None, None)
         if a is not None:
             connect(a, b)
-    got = [(r.switch, r.prefix, r.ports) for r in routes.compute(switches, [], links, leaves)]
+    got = [(r.switch, r.prefix, r.ports) for r in routing.compute(switches, [], links, leaves)]
     assert got == _routes_one_search_per_leaf(switches, links, leaves)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.paths import TRAFFIC_DIR
-from testbed.wire import chakra as wire
+from testbed.wire import chakra
 from testbed.wire.chakra import TraceError
 
 MAX_RANKS = 4096
@@ -126,13 +126,13 @@ def load(prefix: str, groups_file: str | None = None) -> Trace:
     for r, path in enumerate(paths):
         label = _label(path)
         try:
-            if path.stat().st_size > wire.MAX_FILE_BYTES:
+            if path.stat().st_size > chakra.MAX_FILE_BYTES:
                 raise TraceError(f"{label}: {path.stat().st_size} bytes: more than this replays "
-                                 f"({wire.MAX_FILE_BYTES})")
+                                 f"({chakra.MAX_FILE_BYTES})")
             raw = path.read_bytes()
         except OSError as exc:
             raise TraceError(f"{label}: cannot read: {exc.strerror}") from None
-        meta, nodes = wire.decode_stream(raw, label)
+        meta, nodes = chakra.decode_stream(raw, label)
         ranks.append(RankTrace(rank=r, file=label, version=meta.version, nodes=_check_rank(nodes, label, n)))
     groups, gfile = _groups(prefix, groups_file, n)
     trace = Trace(prefix=prefix, ranks=tuple(ranks), groups=groups, groups_file=gfile)
@@ -198,19 +198,19 @@ def _check_rank(messages: list, label: str, n: int) -> tuple:
         raise TraceError(f"{label}: {len(messages)} nodes (this replays at most {MAX_NODES} per rank)")
     nodes = {}
     for m in messages:
-        type_name = wire.node_type_name(m.type)
+        type_name = chakra.node_type_name(m.type)
         kind = KINDS.get(type_name)
         if kind is None:
             raise TraceError(f"{label}: node {m.id}: {type_name} is not replayed (supported: "
                              f"{', '.join(KINDS)})")
         if m.id in nodes:
             raise TraceError(f"{label}: node {m.id}: a second node with this id")
-        attrs = wire.attributes(m)
+        attrs = chakra.attributes(m)
         fields = {}
         if kind == "compute":
             fields["duration_ns"] = m.duration_micros * 1000
         elif kind == "collective":
-            ctype = wire.collective_name(attrs.get("comm_type"))
+            ctype = chakra.collective_name(attrs.get("comm_type"))
             if ctype not in COLLECTIVES:
                 raise TraceError(f"{label}: node {m.id}: {ctype} is not replayed (supported: "
                                  f"{', '.join(COLLECTIVES)})")
