@@ -44,7 +44,7 @@ class Event:
     rate_bps: int = 0  # slow: the link's rate from then on (real); 0 otherwise
 
 
-def validate(c, doc, path: tuple) -> tuple:
+def validate_events(c, doc, path: tuple) -> tuple:
     if doc is None:
         return ()
     if not isinstance(doc, list):

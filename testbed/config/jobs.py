@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from testbed import units
-from testbed.config import workload as traffic_schema
+from testbed.config.workload import BALANCE_DEFAULTS, validate_workload
 from testbed.config.checker import show
 from testbed.config.source import NAME_RE
 
@@ -30,7 +30,7 @@ KEYS = ("name", "traffic", "gpus", "start", "workload")
 MAX_JOBS = 16
 SHARE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)%")
 RANGE_RE = re.compile(r"h([0-9]+)-h([0-9]+)")
-SHARED = ("mtu_bytes", "dcqcn", "dcqcn_params", *traffic_schema.BALANCE_DEFAULTS)  # what every agent of a run shares
+SHARED = ("mtu_bytes", "dcqcn", "dcqcn_params", *BALANCE_DEFAULTS)  # what every agent of a run shares
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Job:
     traffic: str
 
 
-def validate(c, doc, path: tuple, fabric_gpus: int | None) -> tuple:
+def validate_jobs(c, doc, path: tuple, fabric_gpus: int | None) -> tuple:
     if not isinstance(doc, list) or not doc:
         c.problem(path, f"expected a list of jobs ({{name, traffic, gpus}}), got {show(doc)}")
         return ()
@@ -70,7 +70,7 @@ def validate(c, doc, path: tuple, fabric_gpus: int | None) -> tuple:
         if job.get("workload") is None:
             c.problem(here + ("traffic",), "required: the job's workload (a file in traffic/ or chakra:PREFIX)")
             continue
-        wl = traffic_schema.validate(c, job["workload"], here + ("workload",), len(gpus) if gpus else None,
+        wl = validate_workload(c, job["workload"], here + ("workload",), len(gpus) if gpus else None,
                                      names=gpus)
         if wl is not None and gpus and start is not None:
             out.append(Job(name=str(name), gpus=gpus, start_ns=start, workload=wl, traffic=str(job.get("traffic"))))

@@ -1,11 +1,10 @@
 """Scenarios: YAML in real units -> validated, frozen objects (no root needed).
 
-A scenario file (``scenarios/*.yaml``) names a topology (``topologies/*.yaml``),
-may override any of its fields under ``fabric:``, and sets queue and run
-options. ``--set PATH=VALUE`` overrides apply to the resolved document before
-validation, so they are checked exactly like the files. Every problem is
-reported with the file (or ``--set``) it came from and its YAML path; all
-problems are collected before failing.
+A scenario file (``scenarios/*.yaml``) names a topology (``topologies/*.yaml``), may
+override any of its fields under ``fabric:``, and sets queue and run options. ``--set
+PATH=VALUE`` overrides apply to the resolved document before validation, so they are
+checked exactly like the files. Every problem is reported with the file (or ``--set``) it
+came from and its YAML path; all problems are collected before failing.
 """
 
 from __future__ import annotations
@@ -14,7 +13,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from testbed.config import events as event_schema, jobs as job_schema, workload as traffic_schema
+from testbed.config.events import validate_events
+from testbed.config.jobs import validate_jobs
+from testbed.config.workload import validate_workload
 from testbed import units
 from testbed.config.checker import Checker, show
 from testbed.config.source import NAME_RE, Origins, resolve
@@ -169,12 +170,12 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     workload = None
     if doc.get("workload") is not None:
         gpus = sum(leaf.hosts for leaf in fabric.leaves) if fabric else None
-        workload = traffic_schema.validate(c, doc["workload"], ("workload",), gpus)
+        workload = validate_workload(c, doc["workload"], ("workload",), gpus)
     jobs = ()
     if doc.get("jobs") is not None:
         if doc.get("workload") is not None:
             c.problem(("jobs",), "give either jobs or traffic/workload, not both")
-        jobs = job_schema.validate(c, doc["jobs"], ("jobs",), sum(leaf.hosts for leaf in fabric.leaves)
+        jobs = validate_jobs(c, doc["jobs"], ("jobs",), sum(leaf.hosts for leaf in fabric.leaves)
                                    if fabric else None)
     dilation = doc.get("dilation", "auto")
     if isinstance(dilation, str) and dilation != "auto":
@@ -193,7 +194,7 @@ def _validate(doc: dict, origins: Origins, source: str, topology_source: str) ->
     seed = c.integer(doc, "seed", (), default=1, minimum=0, maximum=2 ** 31 - 1)
     _validate_report(c, doc.get("report"), ("report",))
     cluster = _validate_cluster(c, doc.get("cluster"), ("cluster",))
-    events = event_schema.validate(c, doc.get("events"), ("events",))
+    events = validate_events(c, doc.get("events"), ("events",))
     if events and workload is None and not jobs:
         c.problem(("events",), "events happen while the fabric trains: give the scenario a workload (traffic:)")
     if events and fabric is not None and fabric.routing == "adaptive":

@@ -72,7 +72,7 @@ def _show(value) -> str:
     return repr(value) if not isinstance(value, str) else f"'{value[:80]}'"
 
 
-def validate(c, doc, path: tuple, gpus: int | None, names=None) -> Workload | None:
+def validate_workload(c, doc, path: tuple, gpus: int | None, names=None) -> Workload | None:
     """``c`` is the scenario's problem collector; ``gpus`` the GPU count it runs on (None if
     the fabric itself is invalid); ``names`` those GPUs when they are a job's, not all."""
     doc = c.mapping(doc, path, KEYS)
