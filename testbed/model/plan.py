@@ -233,9 +233,10 @@ def auto_dilation(scenario: Scenario, datapath: str, slowdown: float = 1.0) -> t
     """Dilation so that every GPU sending at line rate fits what this machine kind does in
     time, rounded up to 1/2/5 x 10^k: the bytes forwarded across three switch hops (the
     datapath's forwarding budget) and the packets the GPU agents send (their packet budget,
-    at the scenario's smallest MTU), whichever needs more; times ``slowdown``, how much
+    at the scenario's smallest MTU), whichever needs more; then times ``slowdown``, how much
     slower than the budgets' machine kind this machine runs the agents' per-packet work
-    (``apply.speed``: 1 on that kind)."""
+    (``apply.speed``: 1 on that kind), to two digits: the dilation trusted there, stretched by
+    what this machine measured, without a second 1/2/5 rounding (up to x2.5 more wall time)."""
     fabric = scenario.fabric
     gpus = sum(leaf.hosts for leaf in fabric.leaves)
     hops = 3 if fabric.spines else 1
@@ -244,15 +245,16 @@ def auto_dilation(scenario: Scenario, datapath: str, slowdown: float = 1.0) -> t
     budget = FORWARDING_BUDGET_BPS["kernel" if datapath == "kernel" else "user"]
     frame = smallest_frame_bytes(scenario)
     packets = gpus * rate / (8 * frame)
-    need = max(demand / budget, packets / AGENT_PACKET_BUDGET_PPS) * slowdown
-    d = units.Dilation.nice(need)
+    need = max(demand / budget, packets / AGENT_PACKET_BUDGET_PPS)
+    d = units.Dilation.nice(need)  # what the budgets' machine kind is trusted at
+    if slowdown != 1:  # that, as many times slower as this machine ran the probe (2 digits)
+        d = units.Dilation(float(f"{d.scaled(slowdown):.2g}"))
     reason = (f"auto: forwarding {gpus} GPUs x {units.format_rate(rate)} x {hops} hops = {units.format_rate(demand)} "
               f"against the {datapath} datapath's {units.format_rate(budget)} -> D >= {demand / budget:.0f}; "
               f"the agents' packets {gpus} GPUs x {units.format_rate(rate)} / {frame}-byte frames = "
               f"{units.format_rate(packets)}/s against {AGENT_PACKET_BUDGET_PPS}/s -> D >= "
-              f"{packets / AGENT_PACKET_BUDGET_PPS:.0f}; "
-              + (f"x{slowdown:g} for this machine's measured speed; " if slowdown != 1 else "")
-              + f"rounded to {d.factor:.0f}")
+              f"{packets / AGENT_PACKET_BUDGET_PPS:.0f}; rounded to {units.nice_ceil(need)}"
+              + (f"; x{slowdown:g} for this machine's measured speed = {d.factor:.0f}" if slowdown != 1 else ""))
     return d, reason
 
 
