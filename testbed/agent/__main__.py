@@ -7,7 +7,6 @@ the shared start time and deadline from stdin, runs every GPU's ops in one event
 Why it stopped early (the run closed stdin, its deadline passed, SIGTERM) goes to stderr,
 which the run keeps in its folder."""
 
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from testbed.agent import netns, server
 from testbed.agent.config import from_plan
+from testbed.model.plan_file import PlanFile
 from testbed.agent.runner import Agent
 
 
@@ -38,8 +38,7 @@ def _say(why: str, agents: list, total: int):
 
 def main(argv=None) -> int:
     plan_path, records_dir, *members = sys.argv[1:] if argv is None else argv
-    with open(plan_path) as f:
-        plan = json.load(f)
+    plan = PlanFile.load(plan_path)
     agents = []
     for member in members:
         gpu, pid = member.split("=")

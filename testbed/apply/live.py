@@ -4,7 +4,6 @@ since the last read" a collector relies on). ``testbed queues`` (views/queues.py
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from testbed.apply.bpfmap import BpfError, Map
 from testbed.apply.marker import PIN_ROOT
 from testbed.errors import RunError
 from testbed.jsonlines import read_events
-from testbed.model.queues import from_plan
+from testbed.model.plan_file import PlanFile
 from testbed.wire import bpfmaps
 
 
@@ -50,7 +49,7 @@ def pfc_counts(events_path: Path) -> dict:
 
 
 def snapshot(run: dict) -> list[dict]:
-    plan = json.loads((Path(run["results_dir"]) / "plan.json").read_text())
+    plan = PlanFile.load(Path(run["results_dir"]) / "plan.json")
     pfc = pfc_counts(Path(run["results_dir"]) / "pfc.jsonl")
     pins = PIN_ROOT / run["run_id"]
     rows = []
@@ -67,7 +66,7 @@ def snapshot(run: dict) -> list[dict]:
 
     with state_map, cfg_map, PortTc() as tc:
         now = time.monotonic_ns()
-        for pq in from_plan(plan):
+        for pq in plan.queues:
             idx = tc.ifindex(pq.intf)
             raw = state_map.lookup(idx, lock=True)
             s = bpfmaps.marker_state(raw) if raw else {k: 0 for k in bpfmaps.STATE_FIELDS}

@@ -51,8 +51,8 @@ from pathlib import Path
 from testbed.apply.bpfmap import Map
 from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
 from testbed.model.pfc import OVS_BATCH_PACKETS, Hysteresis, poll_period_ns, quiet_until_ns
-from testbed.model.queues import MTU_BYTES, PortQueue, from_plan
-from testbed.units import Dilation
+from testbed.model.plan_file import PlanFile
+from testbed.model.queues import MTU_BYTES, PortQueue
 from testbed.wire import bpfmaps, pfc
 
 
@@ -135,11 +135,11 @@ class Pfcd:
     SwitchPorts, or a fake; ``clock``: CLOCK_MONOTONIC ns, the BPF clock; ``out``: where
     its records go), so the unit tests run it on a fake clock and fake ports."""
 
-    def __init__(self, plan: dict, dp, out, clock=time.monotonic_ns, switches=None):
+    def __init__(self, plan: PlanFile, dp, out, clock=time.monotonic_ns, switches=None):
         """``switches``: the switches whose ports are on this machine (a cluster run's share:
         each server's PFC process serves its own ports; a pause for a feeder at a tunnel end
         crosses to the other server's process like any frame), None for all."""
-        self.d = Dilation(plan["dilation"])
+        self.d = plan.dilation
         self.dp, self.out, self.clock = dp, out, clock
         self.ports: dict[str, Port] = {}
         self.poll_ns = poll_period_ns(self.d)
@@ -147,7 +147,7 @@ class Pfcd:
         # longest a queue's crossing of XOFF could have gone unseen (the gap since the poll
         # before the one that sent the XOFF), and the longest a received pause took to apply
         self.reaction = {"xoff_polls": 0, "xoff_detect_max_ns": 0, "pause_apply_max_ns": 0}
-        for pq in from_plan(plan):
+        for pq in plan.queues:
             if switches is not None and pq.switch not in switches:
                 continue
             intf = pq.intf
@@ -358,8 +358,7 @@ def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     plan_path, pins, events = args[:3]
     switches = args[3].split(",") if len(args) > 3 else None
-    with open(plan_path) as f:
-        plan = json.load(f)
+    plan = PlanFile.load(plan_path)
     with SwitchPorts(pins) as dp, open(events, "a", buffering=1) as out:
         daemon = Pfcd(plan, dp, out, switches=switches)
         print("ready", flush=True)

@@ -26,6 +26,7 @@ from os_ken.lib import hub
 from testbed.wire import openflow
 from testbed.controller import routing, telemetry
 from testbed.controller.collector import Collector
+from testbed.model.plan_file import PlanFile
 
 # Set by testbed.controller.__main__ before the app is instantiated.
 SETTINGS: dict = {}
@@ -64,8 +65,7 @@ class TestbedController(app_manager.OSKenApp):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        with open(SETTINGS["plan"]) as f:
-            self.plan = plan = json.load(f)
+        self.plan = plan = PlanFile.load(SETTINGS["plan"])
         self.event_log = Events(SETTINGS["events"])
         self.logic = routing.FabricController(plan)
         self.datapaths = {}
@@ -95,7 +95,7 @@ class TestbedController(app_manager.OSKenApp):
         if self.logic.all_ready:
             self.event_log.write("fabric_ready")
             if self.collector is not None and self.poller is None:
-                interval_ns = self.plan["telemetry"]["interval_emulated_ns"]
+                interval_ns = self.plan.telemetry.interval_emulated_ns
                 self.poller = telemetry.Poller(interval_ns, time.monotonic_ns())
                 hub.spawn(self._collect)
 
@@ -122,13 +122,13 @@ class TestbedController(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
     @fatal_on_error
     def on_port_stats(self, ev):
-        name = self.logic.switches[ev.msg.datapath.id]["name"]
+        name = self.logic.switches[ev.msg.datapath.id].name
         self.collector.write("ports", telemetry.port_records(time.monotonic_ns(), name, ev.msg.body))
 
     @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, MAIN_DISPATCHER)
     @fatal_on_error
     def on_flow_stats(self, ev):
-        name = self.logic.switches[ev.msg.datapath.id]["name"]
+        name = self.logic.switches[ev.msg.datapath.id].name
         self.collector.write("ecn", telemetry.ecn_records(time.monotonic_ns(), name, ev.msg.body))
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
@@ -141,7 +141,7 @@ class TestbedController(app_manager.OSKenApp):
         now = time.monotonic()
         changes = self.logic.port_status(msg.datapath.id, desc.port_no, live, now)
         self.event_log.write("port_status", dpid=msg.datapath.id, port=desc.port_no, live=live,
-                             reroute=[self.logic.switches[dp]["name"] for dp, _ in changes])
+                             reroute=[self.logic.switches[dp].name for dp, _ in changes])
         for dpid, msgs in changes:
             self._send(self.datapaths[dpid], msgs)
 

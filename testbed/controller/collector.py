@@ -16,19 +16,19 @@ from testbed.apply import bpfmap
 from testbed.controller import telemetry
 from testbed.apply.marker import Counters
 from testbed.apply.qdiscstat import QdiscReader
-from testbed.model.queues import from_plan
 
 FILES = ("ports", "ecn", "queues", "polls")
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
 
 
 class Collector:
-    def __init__(self, folder: str | Path, plan: dict, pins: str | Path | None, switches=None):
-        """``switches``: the switches whose queues are on this machine (a cluster run's share;
+    def __init__(self, folder: str | Path, plan, pins: str | Path | None, switches=None):
+        """``plan``: the run's plan, typed (``PlanFile``, or the ``Plan`` itself: its queues);
+        ``switches``: the switches whose queues are on this machine (a cluster run's share;
         each server's share collects its own), None for all of the plan's."""
         self.folder = Path(folder)
         self.files = {name: open(self.folder / f"{name}.jsonl", "a", buffering=1) for name in FILES}
-        self.queues = [q for q in from_plan(plan) if switches is None or q.switch in switches]
+        self.queues = [q for q in plan.queues if switches is None or q.switch in switches]
         self.pins = Path(pins) if pins else None
         self.counters: Counters | None = None
         self.pfc: bpfmap.Map | None = None  # the PFC process's per-port counters

@@ -15,7 +15,7 @@ Program installed on every switch (OpenFlow 1.3):
   output to the one port, or to a select group over the ECMP ports that hashes the
   5-tuple (``HASH_FIELDS``), so flows differing only in UDP source port spread over
   the uplinks (OVS's default group hash leaves UDP ports out: see ``wire.openflow``);
-- adaptive routing only (``plan["routing"] == "adaptive"``), table 1, priority
+- adaptive routing only (the plan's ``routing`` is ``adaptive``), table 1, priority
   ``PRIORITY_STEERED``: per port of a select group, IPv4 tagged with VLAN id = that port
   -> pop the tag, decrement TTL, output there. The hop before the switch chose the port
   (the least occupied one, ``bpf/marker.c``) and pushed the tag; untagged packets (the
@@ -37,7 +37,6 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from functools import cached_property
-from types import SimpleNamespace
 
 from testbed.model import routing
 
@@ -107,14 +106,14 @@ def route_flow(prefix: str, out: tuple) -> FlowAdd:
     return FlowAdd(PRIORITY_ROUTE_BASE + net.prefixlen, match, (("dec_nw_ttl",), out), table=ROUTE_TABLE)
 
 
-def switch_program(routes: list[dict], in_ports=(), adaptive: bool = False) -> list:
-    """Messages that program one switch from its planned routes
-    (``{"prefix": "10.0.2.0/24", "ports": [9, 10]}``) and its fabric ports (ECN counting);
-    with ``adaptive``, the flows that follow a tagged packet's chosen port."""
+def switch_program(routes, in_ports=(), adaptive: bool = False) -> list:
+    """Messages that program one switch from its routes (``model.routing.Route``: prefix
+    ``10.0.2.0/24`` out of ports (9, 10)) and its fabric ports (ECN counting); with
+    ``adaptive``, the flows that follow a tagged packet's chosen port."""
     msgs: list = [ClearSwitch()]
     groups: dict[tuple, int] = {}
     for r in routes:
-        ports = tuple(sorted(r["ports"]))
+        ports = tuple(sorted(r.ports))
         if len(ports) > 1 and ports not in groups:
             groups[ports] = len(groups) + 1
     msgs += [GroupAdd(gid, ports) for ports, gid in sorted(groups.items(), key=lambda kv: kv[1])]
@@ -123,10 +122,10 @@ def switch_program(routes: list[dict], in_ports=(), adaptive: bool = False) -> l
         for ecn in range(len(ECN_CODEPOINTS)):
             msgs.append(FlowAdd(PRIORITY_COUNT, (("in_port", port), ("eth_type", ETH_TYPE_IPV4), ("ip_ecn", ecn)), (),
                                 goto=ROUTE_TABLE))
-    for r in sorted(routes, key=lambda r: (ipaddress.ip_network(r["prefix"]).prefixlen, r["prefix"]),
+    for r in sorted(routes, key=lambda r: (ipaddress.ip_network(r.prefix).prefixlen, r.prefix),
                     reverse=True):
-        ports = tuple(sorted(r["ports"]))
-        msgs.append(route_flow(r["prefix"], ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0])))
+        ports = tuple(sorted(r.ports))
+        msgs.append(route_flow(r.prefix, ("group", groups[ports]) if len(ports) > 1 else ("output", ports[0])))
     if adaptive:
         for port in sorted({p for ports in groups for p in ports}):
             match = (("eth_type", ETH_TYPE_IPV4), ("vlan_vid", OFPVID_PRESENT | port))
@@ -138,25 +137,27 @@ def switch_program(routes: list[dict], in_ports=(), adaptive: bool = False) -> l
 
 class FabricController:
     """What the controller does, without os-ken: which program each switch gets and when
-    the fabric is ready. ``plan`` is ``Plan.to_dict()``."""
+    the fabric is ready. ``plan`` is the run's plan, typed (``model.plan_file.PlanFile``, or
+    the ``Plan`` itself): its switches, routes, links, hosts and routing mode."""
 
-    def __init__(self, plan: dict):
-        self.switches = {s["dpid"]: s for s in plan["switches"]}
+    def __init__(self, plan):
+        self.switches = {s.dpid: s for s in plan.switches}
         self.routes: dict[str, dict] = {}  # switch -> {prefix: ports} as programmed now
-        for r in plan["routes"]:
-            self.routes.setdefault(r["switch"], {})[r["prefix"]] = tuple(sorted(r["ports"]))
+        for r in plan.routes:
+            self.routes.setdefault(r.switch, {})[r.prefix] = tuple(sorted(r.ports))
         self.ports: dict[str, list] = {}
-        self.link_at: dict[tuple, dict] = {}  # (switch, port) -> the fabric link there
-        for link in plan.get("links", []):
-            for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"])):
+        self.link_at: dict[tuple, object] = {}  # (switch, port) -> the fabric link there
+        names = {s.name for s in plan.switches}
+        for link in plan.links:
+            for node, port in ((link.a, link.a_port), (link.b, link.b_port)):
                 self.ports.setdefault(node, []).append(port)
-                if node in {s["name"] for s in plan["switches"]} and link["kind"] == "uplink":
+                if node in names and link.kind == "uplink":
                     self.link_at[(node, port)] = link
         self.plan = plan
         self.down: set = set()  # fabric links down, by their first end's interface
         self.next_group = {name: 1 + len({p for p in r.values() if len(p) > 1}) for name, r in self.routes.items()}
         self.reroute: dict | None = None
-        self.adaptive = plan.get("routing", "ecmp") == "adaptive"
+        self.adaptive = plan.routing == "adaptive"
         self.pending: dict[int, tuple[float, int, int]] = {}
         self.ready: set[int] = set()
         self.connected: set[int] = set()
@@ -167,9 +168,9 @@ class FabricController:
         sw = self.switches.get(dpid)
         if sw is None:
             return []
-        routes = [{"prefix": prefix, "ports": ports} for prefix, ports in self.routes.get(sw["name"], {}).items()]
-        msgs = switch_program(routes, self.ports.get(sw["name"], ()), self.adaptive)
-        self.next_group[sw["name"]] = 1 + sum(isinstance(m, GroupAdd) for m in msgs)
+        routes = [routing.Route(sw.name, prefix, ports) for prefix, ports in self.routes.get(sw.name, {}).items()]
+        msgs = switch_program(routes, self.ports.get(sw.name, ()), self.adaptive)
+        self.next_group[sw.name] = 1 + sum(isinstance(m, GroupAdd) for m in msgs)
         flows = sum(isinstance(m, FlowAdd) for m in msgs)
         groups = sum(isinstance(m, GroupAdd) for m in msgs)
         self.pending[dpid] = (now, flows, groups)
@@ -181,21 +182,21 @@ class FabricController:
         """A switch port went down or came back: [(dpid, messages), ...] for every switch
         whose routes change (empty if the port is not a fabric link's or nothing changed)."""
         sw = self.switches.get(dpid)
-        link = self.link_at.get((sw["name"], port)) if sw else None
+        link = self.link_at.get((sw.name, port)) if sw else None
         if link is None:
             return []
-        key = link["a_intf"]
+        key = link.a_intf
         if live == (key not in self.down):
             return []  # the other end already told us
         (self.down.discard if live else self.down.add)(key)
         fresh: dict[str, dict] = {}
-        g = self.graph
-        for r in routing.compute(g["switches"], g["hosts"], [lk for lk in g["links"] if lk.a_intf not in self.down],
-                                        g["leaves"]):
+        plan = self.plan
+        for r in routing.compute(plan.switches, plan.hosts, [lk for lk in plan.links if lk.a_intf not in self.down],
+                                 self.leaves):
             fresh.setdefault(r.switch, {})[r.prefix] = r.ports
         out = []
         for dp, s in sorted(self.switches.items()):
-            name = s["name"]
+            name = s.name
             changed = {p: ports for p, ports in fresh.get(name, {}).items() if self.routes[name].get(p) != ports}
             if not changed:
                 continue
@@ -214,7 +215,7 @@ class FabricController:
         if out:
             r = self.reroute or {"started": now, "pending": set(), "switches": set(), "flows": 0, "groups": 0}
             r["pending"] |= {dp for dp, _ in out}
-            r["switches"] |= {self.switches[dp]["name"] for dp, _ in out}
+            r["switches"] |= {self.switches[dp].name for dp, _ in out}
             r["flows"] += sum(isinstance(m, FlowAdd) for _, msgs in out for m in msgs)
             r["groups"] += sum(isinstance(m, GroupAdd) for _, msgs in out for m in msgs)
             self.reroute = r
@@ -233,7 +234,7 @@ class FabricController:
                                 tuple(sorted(self.down)))]
         started, flows, groups = self.pending.pop(dpid)
         self.ready.add(dpid)
-        return [SwitchReady(dpid, self.switches[dpid]["name"], flows, groups, now - started)]
+        return [SwitchReady(dpid, self.switches[dpid].name, flows, groups, now - started)]
 
     def switch_disconnected(self, dpid: int, now: float) -> list:
         self.ready.discard(dpid)
@@ -242,21 +243,10 @@ class FabricController:
         return []
 
     @cached_property
-    def graph(self) -> dict:
-        """The fabric as ``model.routing.compute`` walks it: built on the first port status,
-        not at start (a controller that never reroutes never needs it)."""
-        return _graph(self.plan)
+    def leaves(self) -> list:
+        """The leaves in index order, as ``model.routing.compute`` takes them."""
+        return sorted((s for s in self.plan.switches if s.role == "leaf"), key=lambda s: s.index)
 
     @property
     def all_ready(self) -> bool:
         return self.ready == set(self.switches)
-
-
-def _graph(plan: dict) -> dict:
-    """The plan's switches, GPUs and links as the objects ``model.routing.compute`` walks."""
-    switches = [SimpleNamespace(**s) for s in plan["switches"]]
-    links = [SimpleNamespace(**lk) for lk in plan.get("links", [])]
-    hosts = [SimpleNamespace(**h, addr=h["ip"].split("/")[0]) for h in plan.get("hosts", [])]
-    leaves = sorted((s for s in switches if s.role == "leaf"), key=lambda s: s.index)
-    return {"switches": switches, "links": links, "hosts": hosts, "leaves": leaves}
-

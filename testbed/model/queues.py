@@ -74,11 +74,6 @@ class PortQueue:
         return cls(**{**d, "feeders": tuple(d.get("feeders", ()))})
 
 
-def from_plan(plan: dict) -> tuple:
-    """Every switch port's queue of a ``plan.json``, typed."""
-    return tuple(PortQueue.from_dict(q) for q in plan.get("queues", ()))
-
-
 def headroom_formula_bytes(rate_bps: float, delay_ns: float, mtu_bytes: int = MTU_BYTES) -> int:
     """2 x MTU + 2 x cable delay x R + peer response time x R (bytes)."""
     return int(round(2 * mtu_bytes + (2 * delay_ns + PFC_RESPONSE_NS) * rate_bps / 8e9))

@@ -152,7 +152,7 @@ class QueueCollector:
         from testbed.controller.collector import Collector
 
         self.folder = folder
-        self.collector = Collector(folder, plan.to_dict(), pins, switches)
+        self.collector = Collector(folder, plan, pins, switches)
         self.interval_ns = plan.telemetry.interval_emulated_ns
         self.done = threading.Event()
         self.error = None

@@ -16,12 +16,12 @@ from testbed.units import Dilation
 
 def programmed(sets=()):
     """The collisions fabric (2 leaves x 4 uplinks, 2 spines) with every switch programmed."""
-    p = planning.build(scenario.load("collisions", list(sets))).to_dict()
+    p = planning.build(scenario.load("collisions", list(sets)))
     fc = routing.FabricController(p)
     for dp in fc.switches:
         fc.switch_connected(dp, 0.0)
         fc.barrier_reply(dp, 0.0)
-    by_name = {s["name"]: dp for dp, s in fc.switches.items()}
+    by_name = {s.name: dp for dp, s in fc.switches.items()}
     return fc, by_name
 
 
@@ -29,7 +29,7 @@ def test_a_dead_uplink_is_routed_around_make_before_break():
     fc, dp = programmed()
     before = {k: dict(v) for k, v in fc.routes.items()}
     out = dict(fc.port_status(dp["leaf1"], 5, False, 10.0))  # leaf1-eth5 -> spine1-eth1
-    assert {fc.switches[d]["name"] for d in out} == {"leaf1", "spine1"}
+    assert {fc.switches[d].name for d in out} == {"leaf1", "spine1"}
     leaf1 = out[dp["leaf1"]]
     group = next(m for m in leaf1 if isinstance(m, routing.GroupAdd))
     assert group.ports == (6, 7, 8) and group.group_id == 2  # a new group: the old one still forwards meanwhile
@@ -47,7 +47,7 @@ def test_a_dead_uplink_is_routed_around_make_before_break():
     assert done == [routing.RerouteDone(("leaf1", "spine1"), 2, 1, pytest.approx(0.25), ("leaf1-eth5",))]
     # plugged back: every switch's routes are the plan's again (in new groups)
     back = dict(fc.port_status(dp["spine1"], 1, True, 20.0))
-    assert {fc.switches[d]["name"] for d in back} == {"leaf1", "spine1"}
+    assert {fc.switches[d].name for d in back} == {"leaf1", "spine1"}
     assert fc.routes == before
     assert [m.ports for m in back[dp["leaf1"]] if isinstance(m, routing.GroupAdd)] == [(5, 6, 7, 8)]
 
@@ -87,7 +87,7 @@ def test_a_spine_down_is_every_link_of_it():
     changed = set()
     for intf in down.intfs:
         leaf, port = intf.split("-eth")
-        changed |= {fc.switches[d]["name"] for d, _ in fc.port_status(dp[leaf], int(port), False, 1.0)}
+        changed |= {fc.switches[d].name for d, _ in fc.port_status(dp[leaf], int(port), False, 1.0)}
     # spine2 too, while its links go one by one (the cables are pulled one after another)
     assert changed == {"leaf1", "leaf2", "spine2"}
     spine1_ports = {"leaf1": {5, 7}, "leaf2": {5, 7}}
@@ -144,12 +144,12 @@ def test_what_a_failure_cost_comes_from_the_runs_files(tmp_path):
 
 
 def test_a_switch_not_connected_yet_gets_its_new_routes_when_it_connects():
-    p = planning.build(scenario.load("collisions")).to_dict()
+    p = planning.build(scenario.load("collisions"))
     fc = routing.FabricController(p)
-    by_name = {s["name"]: dp for dp, s in fc.switches.items()}
+    by_name = {s.name: dp for dp, s in fc.switches.items()}
     fc.switch_connected(by_name["leaf1"], 0.0)
     out = fc.port_status(by_name["leaf1"], 5, False, 1.0)
-    assert [fc.switches[d]["name"] for d, _ in out] == ["leaf1"]  # spine1 is not connected: nothing sent to it
+    assert [fc.switches[d].name for d, _ in out] == ["leaf1"]  # spine1 is not connected: nothing sent to it
     msgs = fc.switch_connected(by_name["spine1"], 2.0)
     flows = {dict(m.match).get("ipv4_dst", ("",))[0]: m.actions[-1] for m in msgs
              if isinstance(m, routing.FlowAdd) and m.table == routing.ROUTE_TABLE}

@@ -14,7 +14,8 @@ import pytest
 from testbed.apply.pfc import Pfcd
 from testbed.apply.tc import PAUSED_RATE_BPS
 from testbed.config import scenario
-from testbed.model import plan as planning, queues
+from testbed.model import plan as planning
+from testbed.model.plan_file import PlanFile
 from testbed.wire import bpfmaps, pfc
 
 D = 50_000
@@ -36,8 +37,8 @@ class FakeSock:
 class FakePorts:
     """SwitchPorts in memory: marker state and config per ifindex, the TBF rates set."""
 
-    def __init__(self, plan: dict):
-        self.queues = {pq.intf: pq for pq in queues.from_plan(plan)}
+    def __init__(self, plan: PlanFile):
+        self.queues = {pq.intf: pq for pq in plan.queues}
         self.index, self.socks, self.restarts = {}, {}, {}
         self.state_raw, self.cfg_raw, self.published, self.rates = {}, {}, {}, []
 
@@ -84,7 +85,8 @@ class FakePorts:
 @pytest.fixture
 def pfcd():
     """The default fabric's PFC process at D = 50000 on fake ports, a clock the test sets."""
-    plan = json.loads(json.dumps(planning.build(scenario.load("default", [f"dilation={D}"])).to_dict()))
+    planned = planning.build(scenario.load("default", [f"dilation={D}"]))
+    plan = PlanFile.from_dict(json.loads(json.dumps(planned.to_dict())))
     clock = {"now": T0}
     dp, out = FakePorts(plan), io.StringIO()
     daemon = Pfcd(plan, dp, out, clock=lambda: clock["now"])

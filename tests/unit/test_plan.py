@@ -7,7 +7,8 @@ import os
 import pytest
 
 from helpers import GOLDEN
-from testbed.model import plan, queues
+from testbed.model import plan
+from testbed.model.plan_file import PlanFile
 from testbed.config import scenario
 from testbed.config.workload import BALANCE_DEFAULTS, Workload
 from testbed.model.training import Transport
@@ -60,12 +61,26 @@ def test_plan_json_holds_the_whole_plan():
 
 
 @pytest.mark.parametrize("ref", CASES)
-def test_queues_come_back_typed_from_plan_json(ref):
-    """What the PFC process, the controller and ``testbed queues`` read: every port's queue
-    from plan.json through JSON, equal to the plan's (feeders a tuple again, every field)."""
+def test_every_process_reads_the_plan_it_was_planned_with(ref):
+    """What the agents, the PFC process, the controller and ``testbed queues`` read: plan.json
+    through JSON, typed again (``PlanFile``), equal to the plan's own objects, field by field
+    (tuples again where the plan has tuples)."""
     p = build(ref)
-    again = queues.from_plan(json.loads(json.dumps(p.to_dict())))
-    assert again == p.queues and all(isinstance(q.feeders, tuple) for q in again)
+    again = PlanFile.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert (again.scenario, again.routing, again.dilation, again.link_delay) == (
+        p.scenario.name, p.routing, p.dilation, p.link_delay)
+    for part in ("switches", "hosts", "servers", "links", "routes", "queues", "telemetry"):
+        assert getattr(again, part) == getattr(p, part), part
+    assert all(isinstance(q.feeders, tuple) for q in again.queues)
+    assert all(isinstance(r.ports, tuple) for r in again.routes)
+    if p.training is None:
+        assert again.training is None
+    else:
+        t = again.training
+        assert t.transport == p.training.transport and t.iterations == p.training.iterations
+        assert t.ideal == json.loads(json.dumps(p.training.ideal)) and t.ranks == p.training.ranks
+        assert t.ops == json.loads(json.dumps(p.training.to_dict()["ops"]))
+    assert again.host("h1") == p.host("h1")
 
 
 def test_balance_defaults_live_in_one_place():

@@ -1,13 +1,16 @@
 """The controller's decisions, without a switch."""
 
+import json
+
 from testbed.model import plan
+from testbed.model.plan_file import PlanFile
 from testbed.controller import routing
 from testbed.config import scenario
 
 
 def program(name, ref="leaf-spine", ports=()):
     p = plan.build(scenario.load(ref), "user")
-    return routing.switch_program([{"prefix": r.prefix, "ports": list(r.ports)} for r in p.routes_for(name)], ports)
+    return routing.switch_program(p.routes_for(name), ports)
 
 
 def test_leaf_program():
@@ -41,7 +44,7 @@ def test_spine_groups_deduplicated_per_port_set():
 
 
 def test_fabric_ready_only_after_every_barrier():
-    p = plan.build(scenario.load("default"), "user").to_dict()
+    p = plan.build(scenario.load("default"), "user")
     ctl = routing.FabricController(p)
     dpids = sorted(ctl.switches)
     assert ctl.switch_connected(999, now=0.0) == []  # not in the plan: left alone
@@ -62,8 +65,7 @@ def test_adaptive_routing_follows_the_tag_above_every_route():
     """fabric.routing: adaptive adds, per select-group port, a flow for the VLAN id the hop
     before chose (bpf/marker.c): pop the tag and output there, above every route; ECMP has none."""
     p = plan.build(scenario.load("collisions", ["fabric.routing=adaptive"]), "user")
-    msgs = routing.switch_program([{"prefix": r.prefix, "ports": list(r.ports)} for r in p.routes_for("spine1")],
-                                  adaptive=True)
+    msgs = routing.switch_program(p.routes_for("spine1"), adaptive=True)
     steered = [m for m in msgs if isinstance(m, routing.FlowAdd) and m.priority == routing.PRIORITY_STEERED]
     assert steered == [routing.FlowAdd(200, (("eth_type", 0x0800), ("vlan_vid", 0x1000 | port)),
                                        (("pop_vlan",), ("dec_nw_ttl",), ("output", port)), table=1)
@@ -73,8 +75,8 @@ def test_adaptive_routing_follows_the_tag_above_every_route():
     assert isinstance(msgs[-1], routing.Barrier)
     assert not [m for m in program("spine1") if getattr(m, "priority", 0) == routing.PRIORITY_STEERED]
     # the controller takes the mode from the plan
-    ctl = routing.FabricController(p.to_dict())
-    leaf1 = next(d for d, s in ctl.switches.items() if s["name"] == "leaf1")
+    ctl = routing.FabricController(PlanFile.from_dict(json.loads(json.dumps(p.to_dict()))))
+    leaf1 = next(d for d, s in ctl.switches.items() if s.name == "leaf1")
     flows = [m for m in ctl.switch_connected(leaf1, now=0.0) if isinstance(m, routing.FlowAdd)]
     assert [dict(f.match)["vlan_vid"] & 0xFFF for f in flows if f.priority == 200] == [5, 6, 7, 8]
-    assert routing.FabricController(plan.build(scenario.load("collisions"), "user").to_dict()).adaptive is False
+    assert routing.FabricController(plan.build(scenario.load("collisions"), "user")).adaptive is False
