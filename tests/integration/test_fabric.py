@@ -21,9 +21,9 @@ from testbed.apply.process import free_tcp_port, wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).resolve().parent.parent / "helpers"  # the traffic scripts
-# the dilation auto gives leaf-spine on the reference machine kind, set: these tests check
-# bring-up, teardown and netem, not training, and in the lab VM (QEMU without KVM, x22 slower
-# by the speed probe) auto would train them at 1.1M, 22 times as long
+# the dilation auto gives leaf-spine and the default on the reference machine kind, set: these
+# tests check bring-up, teardown and netem, not training, and in the lab VM (QEMU without KVM,
+# x22 slower by the speed probe) auto would train them at 1.1M, 22 times as long
 PINNED = ["dilation=50000"]
 
 
@@ -249,7 +249,8 @@ def test_sigkill_mid_training_leaves_no_process_of_ours(tmp_path, clean_slate):
     """SIGKILL of the run during training: its controller, PFC process and GPU agents end
     with it (parent-death signal), and `clean` then removes every bridge, interface, BPF
     pin and process the run left."""
-    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--results", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "--results", str(tmp_path),
+                             *(a for s in PINNED for a in ("--set", s))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
 
     def training():

@@ -75,6 +75,31 @@ def test_ring_ideal_and_bus_bandwidth():
     assert collectives.bus_bandwidth_bps(2_000_000, 8, t) == pytest.approx(400e9 * 4096 / 4154)
 
 
+def test_a_rings_cable_delay_is_its_chain_of_hops_not_the_longest_hop_times_the_steps():
+    """With cable delay emulated, the default rail ring h1 h5 h2 h6 h3 h7 h4 h8 alternates
+    hops inside a rail leaf (3 m + 3 m: 30 ns) and across the spines (3 + 100 + 100 + 3 m:
+    1030 ns). GPU j's last step waits for the 14 hops before it around the ring, 7 of each:
+    7420 ns, 530 ns per step; 14 x 1030 ns would make the ideal 7 us slower than the physics
+    (the lab VM, where netem delays packets, measured the ring x0.93 of that ideal)."""
+    from testbed.model import training
+
+    p = planning.build(scenario.load("default"), "kernel", link_delay=True)
+    order = schedule.layout(p.scenario.workload, p.hosts).dp_groups[(0, 0)]
+    table = p.route_table()
+    assert training.hop_propagation_ns(p, order, table) == [30, 1030] * 4
+    assert training.ring_step_propagation_ns(p, order, table) == 7420 / 14
+    assert training.max_ring_propagation_ns(p, order, table) == 1030
+    assert p.training.ideal["step_latency_ns"] == 530
+    assert p.training.ideal["data_parallel_ns"] == pytest.approx(
+        collectives.ring_ideal_ns(2_000_000, 8, 400e9, 4096) + 7420)
+    # an algorithm that is not the ring keeps the longest hop per step (a bound)
+    hd = planning.build(scenario.load("default", ["workload.collective.algorithm=halving-doubling"]), "kernel",
+                        link_delay=True)
+    assert hd.training.ideal["step_latency_ns"] == 1030
+    # without cable delay emulated, the ideal has no propagation term at all
+    assert planning.build(scenario.load("default"), "user").training.ideal["step_latency_ns"] == 0
+
+
 @pytest.mark.parametrize("algorithm,busbw_bps", [("ring", 700e9), ("reduce-scatter", 350e9), ("all-gather", 350e9),
                                                  ("all-to-all", 350e9), ("broadcast", 400e9)])
 def test_bus_bandwidth_per_algorithm(algorithm, busbw_bps):
