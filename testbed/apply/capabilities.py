@@ -186,6 +186,12 @@ def checks() -> list[Check]:
                        "(userspace datapath)",
                        "scripts/install.sh (raises net.core.wmem_default and restarts OVS while no bridge exists)",
                        required=False))
+    from testbed.apply import speed
+
+    probe = speed.measure()
+    items.append(Check("machine speed", True, f"{probe.us_per_packet:.1f} us per packet of the GPU agents' work, "
+                       f"x{probe.ratio:.2f} the {probe.reference_us_per_packet} us of the machine kind the automatic "
+                       f"dilation is calibrated on: a run multiplies it by {probe.slowdown:g}", required=False))
     kdp = ovs_kernel_datapath()
     items.append(Check("OVS kernel datapath", kdp, "openvswitch.ko loaded" if kdp else
                        "no openvswitch.ko: the userspace (netdev) datapath is used",
