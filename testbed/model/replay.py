@@ -67,7 +67,6 @@ def build_plan(workload, hosts, link_bps: float = 0.0, nvlink_bps: float = 0.0, 
     """(ops per GPU, collectives, ideal of one iteration in real ns), like
     ``schedule.build_plan``."""
     trace = workload.chakra
-    n = len(trace.ranks)
     gpu = gpus_of_ranks(workload, hosts)
     server = {h.name: h.server for h in hosts}
     b = _Replay(gpu, members)

@@ -50,7 +50,7 @@ def test_a_share_of_the_fabric_is_the_next_free_gpus():
 def test_per_job_results_come_from_its_gpus_alone():
     p = planning.build(scenario.load("leaf-spine", [TWO]))
     training = p.training.to_dict()
-    records, t = [], 0
+    records = []
     for gpu, ops in training["ops"].items():
         for op in ops:
             slow = 2 if gpu in ("h3", "h7", "h4", "h8") else 1
