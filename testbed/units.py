@@ -164,6 +164,10 @@ class Dilation:
         """A dilation ``k`` times this one (the fidelity guard's suggestion), as a number."""
         return self.factor * k
 
+    def __str__(self) -> str:
+        """The factor as an engineer writes it: 1100000, not 1.1e+06; 2.5 stays 2.5."""
+        return f"{self.factor:.0f}" if float(self.factor).is_integer() else f"{self.factor:g}"
+
     @staticmethod
     def of(value) -> "Dilation":
         """From a manifest's or plan's ``dilation`` (a number; missing or 0: none, 1)."""

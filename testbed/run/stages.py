@@ -153,8 +153,8 @@ class Run:
         if self.layout is not None:
             self.manifest.cluster = self.layout.to_dict(self.plan)
         self.manifest.write(self.run_dir)
-        LOG.info("run %s: %d GPUs, %d switches, %s datapath, dilation %g", self.run_id, len(self.plan.hosts),
-                 len(self.plan.switches), datapath, self.plan.dilation.factor)
+        LOG.info("run %s: %d GPUs, %d switches, %s datapath, dilation %s", self.run_id, len(self.plan.hosts),
+                 len(self.plan.switches), datapath, self.plan.dilation)
 
     # -- 2. bring up -----------------------------------------------------------------------
     def bring_up(self, stack: ExitStack):

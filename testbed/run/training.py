@@ -40,9 +40,9 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
                          "iteration (%.1fs emulated in all)", wl.chakra.prefix, len(tp.ranks), tp.iterations,
                          len(tp.collectives), units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
             else:
-                LOG.info("training: %d GPUs (DP %d x PP %d x TP %d), %d iterations; gradients %s by %s; ideal %s per "
+                LOG.info("training: %d GPUs (DP %d x PP %d x TP %d), %d iteration%s; gradients %s by %s; ideal %s per "
                          "iteration (%.1fs emulated in all)", len(tp.ranks), wl.data, wl.pipeline, wl.tensor,
-                         tp.iterations, " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
+                         tp.iterations, "" if tp.iterations == 1 else "s", " + ".join(units.format_size(b) for b in wl.allreduce_bytes), wl.algorithm,
                          units.format_duration(tp.ideal["iteration_ns"]), ideal_emulated_s)
             # a cluster run: this server's GPUs (the others' records arrive when they are done)
             progress = Progress({g: ops for g, ops in tp.ops.items() if fab.has_host(g)}, records_dir, tp.iterations)

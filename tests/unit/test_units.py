@@ -60,3 +60,7 @@ def test_formatting():
     assert units.format_rate(4e6) == "4M"
     assert units.format_duration(1500) == "1.5us"
     assert units.format_size(100_000) == "100KB"
+
+
+def test_a_dilation_reads_as_an_engineer_writes_it():
+    assert [str(units.Dilation(f)) for f in (50000, 1100000, 2e6, 2.5, 1)] == ["50000", "1100000", "2000000", "2.5", "1"]
