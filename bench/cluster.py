@@ -56,7 +56,7 @@ def one_run(work: Path, scenario: Path, sets: list, env: dict, cluster: str = ""
     return {"bring_up_s": t.get("flows_installed"), "training_s": t.get("training"), "teardown_s": t.get("teardown"),
             "total_s": t.get("total"), "busy_cores": float(judged.host_busy.mean()) * os.cpu_count(),
             "polls": len(judged), "jct_ratio": jct, "verdict": f["verdict"], "dilation": m["dilation"],
-            "gpus": len(r.plan["hosts"])}
+            "gpus": len(r.plan.hosts)}
 
 
 def main() -> int:

@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from testbed import units
+from testbed.config.scenario import MAX_DILATION
 from testbed.model import placement, queues
 
 LIMITS = {
@@ -194,9 +195,11 @@ def reordering(r) -> dict | None:
     last = q.sort_values("t_ns").groupby("intf").tail(1)  # the counters are cumulative
     if int(last.drops.sum()) or any(c in last and int(last[c].fillna(0).sum()) for c in ("tbf_drops", "trimmed")):
         return None  # after a dropped (or trimmed) packet the next ones arrive "out of order": nothing to tell apart
-    if ((r.plan.get("training") or {}).get("transport") or {}).get("load_balancing", "flow") != "flow":
+    if r.plan is None:
+        return None
+    if r.plan.training and r.plan.training.transport.load_balancing != "flow":
         return None  # spraying and flowlets send a QP's packets over several paths: they reorder
-    if r.plan.get("routing", "ecmp") == "adaptive":
+    if r.plan.routing == "adaptive":
         return None  # so does adaptive routing: each packet takes the least occupied port
     if r.extra.get("link_events"):
         return None  # a link went down: what was on it is lost, and rerouted flows change path mid-stream
@@ -224,7 +227,7 @@ def pfc_reaction(r) -> dict | None:
 
 def cluster_clock(r) -> dict | None:
     clocks = (r.manifest.get("cluster") or {}).get("clocks")
-    links = [lk["rate_bps"] for lk in r.plan.get("links", []) if lk.get("kind") != "nvlink" and "rate_bps" in lk]
+    links = [lk.rate_bps for lk in r.plan.fabric_links] if r.plan else []
     if not clocks or not links:
         return None
     server, worst = max(((s, c["error_ns"]) for s, c in clocks.items()), key=lambda x: x[1])
@@ -269,13 +272,18 @@ def check(r) -> dict:
     suggested = None
     if failed:
         factor = max(c["_factor"] or 2.0 for c in failed)
-        suggested = units.nice_ceil(r.dilation.scaled(max(factor, 1.0) * MARGIN))
+        # never past what a scenario may set (config.scenario.MAX_DILATION): a suggestion the
+        # next run refuses is no suggestion
+        suggested = min(units.nice_ceil(r.dilation.scaled(max(factor, 1.0) * MARGIN)), int(MAX_DILATION))
+        suggested = suggested if suggested > d else None
     for c in done:
         c.pop("_factor")
     verdict = "unchecked" if not done else ("not trusted" if failed else "trusted")
     if failed:
         why = "; ".join(c["cause"] for c in failed)
-        text = f"NOT TRUSTED: {why}. Rerun with a larger dilation: --set dilation={suggested} (now {d:g})."
+        text = (f"NOT TRUSTED: {why}. Rerun with a larger dilation: --set dilation={suggested} (now {r.dilation})."
+                if suggested else f"NOT TRUSTED: {why}. Already at the largest dilation a scenario may set "
+                f"({r.dilation}): this machine cannot run it trusted; a smaller fabric or workload can.")
     elif done:
         text = f"trusted: {len(done)} checks passed ({', '.join(c['name'] for c in done)})"
     else:

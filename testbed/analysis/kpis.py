@@ -97,10 +97,10 @@ def _completeness(r, out) -> tuple[bool, str]:
 
 def _fabric(r) -> dict:
     plan = r.plan
-    hosts = plan.get("hosts", [])
-    rates = sorted({q["rate_bps"] for q in plan.get("queues", [])})
-    return {"gpus": len(hosts), "switches": len(plan.get("switches", [])), "switch_ports": len(plan.get("queues", [])),
-            "link_rates_bps": rates}
+    if plan is None:
+        return {"gpus": 0, "switches": 0, "switch_ports": 0, "link_rates_bps": []}
+    return {"gpus": len(plan.hosts), "switches": len(plan.switches), "switch_ports": len(plan.queues),
+            "link_rates_bps": sorted({q.rate_bps for q in plan.queues})}
 
 
 def _jct(r) -> dict:
@@ -215,12 +215,14 @@ def _num(v):
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
 
 
-def uplink_groups(plan: dict) -> dict:
+def uplink_groups(plan) -> dict:
     """Per switch, its ports toward higher-tier switches (spines): the ECMP members."""
-    roles = {s["name"]: s["role"] for s in plan.get("switches", [])}
+    if plan is None:
+        return {}
+    roles = {s.name: s.role for s in plan.switches}
     groups: dict[str, list] = {}
-    for link in plan.get("links", []):
-        for me, intf, peer in ((link["a"], link["a_intf"], link["b"]), (link["b"], link["b_intf"], link["a"])):
+    for link in plan.links:
+        for me, intf, peer in ((link.a, link.a_intf, link.b), (link.b, link.b_intf, link.a)):
             if roles.get(me) == "leaf" and roles.get(peer) == "spine":
                 groups.setdefault(me, []).append(intf)
     return {k: sorted(v) for k, v in groups.items() if len(v) > 1}
@@ -241,10 +243,12 @@ def _ecmp(r) -> dict:
                           "jain": jain(b)}
     vals = [v["imbalance"] for v in per_leaf.values() if v["imbalance"] is not None]
     jains = [v["jain"] for v in per_leaf.values() if v["jain"] is not None]
-    t = {**BALANCE_DEFAULTS, **((r.plan.get("training") or {}).get("transport") or {})}
+    t = r.plan.training.transport if r.plan.training else None
     out = {"per_leaf": per_leaf, "imbalance": max(vals) if vals else None,
-           "jain_min": min(jains) if jains else None, "load_balancing": t["load_balancing"],
-           "qps_per_connection": t["qps_per_connection"], "routing": r.plan.get("routing", "ecmp")}
+           "jain_min": min(jains) if jains else None,
+           "load_balancing": t.load_balancing if t else BALANCE_DEFAULTS["load_balancing"],
+           "qps_per_connection": t.qps_per_connection if t else BALANCE_DEFAULTS["qps_per_connection"],
+           "routing": r.plan.routing}
     adaptive = r.manifest.get("routing") or {}
     if adaptive.get("decisions") is not None:
         # data packets the hops tagged with a chosen port (a packet crossing the spines is
@@ -285,36 +289,35 @@ def _references(r) -> dict:
            "dctcp_k": "K > C x RTT / 7"}
     if ideal:
         out["ideal"] = ideal
-    qs = r.plan.get("queues", [])
+    qs = r.plan.queues if r.plan else ()
     if qs:
-        fastest = max(qs, key=lambda q: q["rate_bps"])
-        delay = {link["kind"]: link["delay_ns"] for link in r.plan.get("links", [])}
+        fastest = max(qs, key=lambda q: q.rate_bps)
+        delay = {link.kind: link.delay_ns for link in r.plan.links}
         # GPU -> leaf -> spine -> leaf -> GPU and back: propagation plus one MTU serialised per hop
-        hop_ns = queues.MTU_BYTES * 8 / fastest["rate_bps"] * 1e9
+        hop_ns = queues.MTU_BYTES * 8 / fastest.rate_bps * 1e9
         rtt_ns = 2 * (2 * delay.get("host", 0) + 2 * delay.get("uplink", 0)) + 2 * 4 * hop_ns
-        out["dctcp_k_bytes"] = int(fastest["rate_bps"] * rtt_ns / 1e9 / 8 / DCTCP_K_DIVISOR)
+        out["dctcp_k_bytes"] = int(fastest.rate_bps * rtt_ns / 1e9 / 8 / DCTCP_K_DIVISOR)
         out["dctcp_k_rtt_ns"] = rtt_ns
-        out["kmin_bytes"] = fastest.get("kmin_bytes") if fastest.get("ecn") else None  # None: ECN off
+        out["kmin_bytes"] = fastest.kmin_bytes if fastest.ecn else None  # None: ECN off
         out.update(_headroom_references(qs, _headroom_worst_port(r)))
     return out
 
 
-def _headroom_references(qs: list, worst_port) -> dict:
+def _headroom_references(qs, worst_port) -> dict:
     """The PFC headroom each kind of port needs (GPU ports: 3 m host cables; switch ports:
     100 m uplinks) and has, and the same for the port whose headroom filled most."""
     out = {"pfc_headroom_per_port_kind": {}}
-    for kind, ports in (("gpu_ports", [q for q in qs if not _is_switch(q["peer"])]),
-                        ("switch_ports", [q for q in qs if _is_switch(q["peer"])])):
+    for kind, ports in (("gpu_ports", [q for q in qs if not _is_switch(q.peer)]),
+                        ("switch_ports", [q for q in qs if _is_switch(q.peer)])):
         if ports:
             out["pfc_headroom_per_port_kind"][kind] = {
-                "formula_bytes": max(queues.headroom_formula_bytes(q["rate_bps"], q.get("delay_ns", 0)) for q in ports),
-                "configured_bytes": max(q.get("headroom_bytes") or 0 for q in ports)}
-    by_intf = {q["intf"]: q for q in qs}
-    worst = by_intf.get(worst_port or "") or max(
-        qs, key=lambda q: queues.headroom_formula_bytes(q["rate_bps"], q.get("delay_ns", 0)))
-    out["pfc_headroom_port"] = worst["intf"]
-    out["pfc_headroom_formula_bytes"] = queues.headroom_formula_bytes(worst["rate_bps"], worst.get("delay_ns", 0))
-    out["pfc_headroom_configured_bytes"] = worst.get("headroom_bytes")
+                "formula_bytes": max(queues.headroom_formula_bytes(q.rate_bps, q.delay_ns) for q in ports),
+                "configured_bytes": max(q.headroom_bytes for q in ports)}
+    by_intf = {q.intf: q for q in qs}
+    worst = by_intf.get(worst_port or "") or max(qs, key=lambda q: queues.headroom_formula_bytes(q.rate_bps, q.delay_ns))
+    out["pfc_headroom_port"] = worst.intf
+    out["pfc_headroom_formula_bytes"] = queues.headroom_formula_bytes(worst.rate_bps, worst.delay_ns)
+    out["pfc_headroom_configured_bytes"] = worst.headroom_bytes
     return out
 
 

@@ -21,6 +21,7 @@ from testbed import units
 from testbed.analysis.training import summarise_run
 from testbed.errors import ConfigError
 from testbed.jsonlines import read_events
+from testbed.model.plan_file import PlanFile
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Results:
     ecn: pd.DataFrame = field(default_factory=pd.DataFrame)
     polls: pd.DataFrame = field(default_factory=pd.DataFrame)
     server_polls: dict = field(default_factory=dict)  # a cluster run's other servers: {server: polls}
-    plan: dict = field(default_factory=dict)
+    plan: PlanFile | None = None  # plan.json, typed (None: the folder has none)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -107,8 +108,8 @@ def load(run_dir) -> Results:
     if not pfc_ports.empty:
         pfc_ports = pfc_ports.drop(columns=["event"])
     plan_path = run_dir / "plan.json"
-    plan = json.loads(plan_path.read_text()) if plan_path.exists() else {}
-    summary = summarise_run(run_dir, agent_rows, plan["training"], d) if plan.get("training") else {}
+    plan = PlanFile.load(plan_path) if plan_path.exists() else None
+    summary = summarise_run(run_dir, agent_rows, plan.training, d) if plan and plan.training else {}
     ports = _ports(run_dir, d, t0, plan)
     return Results(run_dir=run_dir, manifest=manifest, ops=ops, qps=qps, nics=nics, rates=rates, pauses=pauses, ports=ports,
                    queues=_queues(run_dir, d, t0, plan), ecn=_ecn(run_dir, d, t0, plan),
@@ -144,7 +145,7 @@ def _per_port_file(path: Path, dilation: units.Dilation, t0) -> pd.DataFrame:
     return df if df.empty else df.sort_values(["intf", "t_ns"]).reset_index(drop=True)
 
 
-def _ports(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFrame:
+def _ports(run_dir: Path, dilation: units.Dilation, t0, plan: PlanFile | None) -> pd.DataFrame:
     """Per-interval rates from the switches' own counter times (``duration_ns``: when the
     switch read the counters, to its clock's millisecond) where the run recorded them; the
     controller's receive times (``t_ns``) otherwise (older runs), which can make a port look
@@ -157,28 +158,28 @@ def _ports(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFr
     dt_real_s = dilation.real_duration_ns(dt.where(dt > 0)) / 1e9  # a port added again restarts its duration
     for way in ("tx", "rx"):
         df[f"{way}_bps"] = df.groupby("intf")[f"{way}_bytes"].diff() * 8 / dt_real_s
-    rates = {q["intf"]: q["rate_bps"] for q in plan.get("queues", [])}
+    rates = {q.intf: q.rate_bps for q in plan.queues} if plan else {}
     if rates:
         df["tx_utilisation"] = df.tx_bps / df.intf.map(rates)
     return df
 
 
-def _queues(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFrame:
+def _queues(run_dir: Path, dilation: units.Dilation, t0, plan: PlanFile | None) -> pd.DataFrame:
     df = _per_port_file(run_dir / "queues.jsonl", dilation, t0)
     if df.empty:
         return df
     for col in ("marked", "drops", "ect", "packets", "pfc_frames_sent"):
         if col in df:
             df[f"{col}_delta"] = df.groupby("intf")[col].diff().fillna(df[col])
-    pq = pd.DataFrame(plan.get("queues", []))
-    if not pq.empty:
-        keep = [c for c in ("intf", "peer", "rate_bps", "emulated_rate_bps", "kmin_bytes", "kmax_bytes", "xoff_bytes",
-                            "buffer_bytes", "ecn", "pfc") if c in pq.columns]
-        df = df.merge(pq[keep], on="intf", how="left")
+    if plan and plan.queues:
+        keep = ["intf", "peer", "rate_bps", "emulated_rate_bps", "kmin_bytes", "kmax_bytes", "xoff_bytes",
+                "buffer_bytes", "ecn", "pfc"]
+        pq = pd.DataFrame([{k: getattr(q, k) for k in keep} for q in plan.queues])
+        df = df.merge(pq, on="intf", how="left")
     return df
 
 
-def _ecn(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFrame:
+def _ecn(run_dir: Path, dilation: units.Dilation, t0, plan: PlanFile | None) -> pd.DataFrame:
     df = _timed_file(run_dir / "ecn.jsonl", dilation, t0)
     if df.empty:
         return df
@@ -189,9 +190,9 @@ def _ecn(run_dir: Path, dilation: units.Dilation, t0, plan: dict) -> pd.DataFram
         if cp not in wide.columns:
             wide[cp] = 0
     peers = {}
-    for link in plan.get("links", []):
-        peers[link["a_intf"]] = link["b"]
-        peers[link["b_intf"]] = link["a"]
+    for link in plan.links if plan else ():
+        peers[link.a_intf] = link.b
+        peers[link.b_intf] = link.a
     wide["peer"] = wide.intf.map(peers)
     return wide.sort_values(["intf", "t_ns"]).reset_index(drop=True)
 

@@ -12,12 +12,14 @@ bandwidth above the line rate).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from testbed import units
 from testbed.analysis import failures
 from testbed.jsonlines import read_events
 from testbed.model import collectives
+from testbed.model.plan_file import TrainingFile
 from testbed.wire import roce
 
 QP_TOTALS = ("packets_sent", "retransmitted", "retransmitted_bytes", "timeouts", "naks_sent", "cnps_sent",
@@ -30,23 +32,23 @@ def load_records(records_dir: Path) -> list:
     return [r for path in sorted(records_dir.glob("*.jsonl")) for r in read_events(path)]
 
 
-def summarise(records: list, training: dict, dilation: units.Dilation) -> dict:
-    """``training`` is the plan's training section (``plan.json``)."""
+def summarise(records: list, training: TrainingFile, dilation: units.Dilation) -> dict:
+    """``training`` is the plan's training section (``plan.json``, typed)."""
     ops = [r for r in records if r.get("type") == "op"]
     planned_it, planned_c = Counter(), Counter()
-    for gpu, lst in training["ops"].items():
+    for gpu, lst in training.ops.items():
         for op in lst:
             planned_it[(gpu, op["iteration"])] += 1
             planned_c[op["collective"]] += 1
     done_it = Counter((o["gpu"], o["iteration"]) for o in ops)
     done_c = Counter(o["collective"] for o in ops)
-    ideal = training["ideal"]
+    ideal = training.ideal
     iterations, incomplete = [], []
-    for it in range(training["iterations"]):
+    for it in range(training.iterations):
         mine = [o for o in ops if o["iteration"] == it]
         if not mine:
             break
-        if any(done_it[(gpu, it)] < planned_it[(gpu, it)] for gpu in training["ops"]):
+        if any(done_it[(gpu, it)] < planned_it[(gpu, it)] for gpu in training.ops):
             incomplete.append(it)
             continue
         t0, t1 = min(o["ready_ns"] for o in mine), max(o["end_ns"] for o in mine)
@@ -58,7 +60,7 @@ def summarise(records: list, training: dict, dilation: units.Dilation) -> dict:
         if o["collective"] >= 0:
             by_collective.setdefault(o["collective"], []).append(o)
     collectives = [_collective(c, by_collective[c["id"]], dilation, ideal["link_bps"])
-                   for c in training["collectives"] if c["id"] in by_collective and done_c[c["id"]] >= planned_c[c["id"]]]
+                   for c in training.collectives if c["id"] in by_collective and done_c[c["id"]] >= planned_c[c["id"]]]
     return {"iterations": iterations, "incomplete_iterations": incomplete, "collectives": collectives,
             "incomplete_collectives": sum(1 for c in by_collective if done_c[c] < planned_c[c]),
             "transport": _transport(records, dilation), "ideal": ideal, "header_bytes_per_packet": roce.HEADER_BYTES}
@@ -93,28 +95,28 @@ def _transport(records: list, dilation: units.Dilation) -> dict:
     return totals
 
 
-def summarise_run(run_dir: Path, records: list, training: dict, dilation: units.Dilation) -> dict:
+def summarise_run(run_dir: Path, records: list, training: TrainingFile, dilation: units.Dilation) -> dict:
     """All of ``training.json``: ``summarise`` plus, for a run with several jobs, each job's
     own (``jobs``) and the link events with what they did (``link_events``). One place, so
     the run that writes it and the report that rereads a results folder agree."""
     summary = summarise(records, training, dilation)
-    if training.get("jobs"):
+    if training.jobs:
         summary["jobs"] = summarise_jobs(records, training, dilation)
     summary["link_events"] = failures.summarise(run_dir, records, summary["iterations"], dilation)
     return summary
 
 
-def summarise_jobs(records: list, training: dict, dilation: units.Dilation) -> dict:
+def summarise_jobs(records: list, training: TrainingFile, dilation: units.Dilation) -> dict:
     """Per job of a run with several (``jobs:``): its own iterations, collectives and JCT
     (first op of its first iteration ready -> last op done, real-fabric time; a late
     start's wait is not in it), from its GPUs' records alone."""
     out = {}
-    for name, job in (training.get("jobs") or {}).items():
+    for name, job in training.jobs.items():
         gpus = set(job["gpus"])
         mine = [r for r in records if r.get("gpu") in gpus]
-        s = summarise(mine, {**training, "ops": {g: o for g, o in training["ops"].items() if g in gpus},
-                             "collectives": [c for c in training["collectives"] if c.get("job") == name],
-                             "ideal": job["ideal"], "iterations": job["iterations"]}, dilation)
+        s = summarise(mine, replace(training, ops={g: o for g, o in training.ops.items() if g in gpus},
+                                    collectives=tuple(c for c in training.collectives if c.get("job") == name),
+                                    ideal=job["ideal"], iterations=job["iterations"]), dilation)
         ops = [r for r in mine if r.get("type") == "op" and r["iteration"] >= 0]
         done = len(s["iterations"]) == job["iterations"]
         dp = [c["busbw_bps"] for c in s["collectives"] if c.get("busbw_bps")]

@@ -133,8 +133,8 @@ def trusted(runs: dict) -> Observation:
         if status != "ok":
             bad.append(f"{name}: status {status} ({s['run'].get('reason')})")
         elif fid.get("verdict") == "not trusted":
-            bad.append(f"{name}: not trusted ({fid.get('text')}); rerun with --set dilation="
-                       f"{fid.get('suggested_dilation')}")
+            bad.append(f"{name}: not trusted ({fid.get('text')})" + (
+                f"; rerun with --set dilation={fid['suggested_dilation']}" if fid.get("suggested_dilation") else ""))
     return Observation("every run finished and the fidelity guard trusted it", not bad,
                        "; ".join(bad) or f"{len(runs)} run(s) ok and trusted", "status ok, fidelity trusted",
                        "a run the machine could not keep up with measures the machine, not the fabric")

@@ -11,6 +11,7 @@ from testbed import units
 from testbed.analysis.training import load_records, summarise_run
 from testbed.apply.agents import Agents
 from testbed.apply.events import LinkEvents
+from testbed.model.plan_file import TrainingFile
 from testbed.views.progress import Progress
 
 LOG = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def train(fab, plan, plan_path, run_dir, record, timings: dict, set_rate=None, f
         # after the agents have exited: their per-QP counters are the last lines they write
         timings["training"] = round(time.monotonic() - t0, 3)
         records = load_records(records_dir)
-        planned = plan.training.to_dict()
+        planned = TrainingFile.from_dict(plan.training.to_dict())  # as a results folder's reader sees it
         summary = summarise_run(run_dir, records, planned, plan.dilation)
         (run_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     t = summary["transport"]

@@ -26,7 +26,7 @@ def run_trusted(load, options, results_dir: Path):
 
     result = run.run(load([]), options(results_dir))
     fidelity = json.loads((result.run_dir / "summary.json").read_text())["fidelity"]
-    if result.status == "ok" and fidelity["verdict"] == "not trusted":
+    if result.status == "ok" and fidelity["verdict"] == "not trusted" and fidelity["suggested_dilation"]:
         again = results_dir / "rerun"
         again.mkdir(exist_ok=True)
         result = run.run(load([f"dilation={fidelity['suggested_dilation']}"]), options(again))

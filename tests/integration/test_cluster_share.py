@@ -226,6 +226,7 @@ def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_t
     between the servers are exactly the plan's crossing sends, and the tunnel ends carried
     exactly the packets the agents say they sent across (data, ACKs, NAKs, CNPs)."""
     from testbed.analysis.training import load_records, summarise_run
+    from testbed.model.plan_file import TrainingFile
     from testbed.apply.agents import Agents
     from testbed.config import scenario as scenarios
     from testbed.model import placement
@@ -257,7 +258,7 @@ def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_t
     ops = [r for r in records if r["type"] == "op"]
     planned_ops = plan.training.to_dict()["ops"]
     assert len(ops) == sum(len(v) for v in planned_ops.values())
-    summary = summarise_run(records_dir.parent, records, plan.training.to_dict(), plan.dilation)
+    summary = summarise_run(records_dir.parent, records, TrainingFile.from_dict(plan.training.to_dict()), plan.dilation)
     assert len(summary["iterations"]) == 1 and summary["collectives"], summary
     # one time line, not two: every message received across the servers ended after its
     # sender started it (in the coordinator's clock; the other server's records shifted back)

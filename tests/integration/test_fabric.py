@@ -63,9 +63,11 @@ def test_default_fabric_up_every_pair_reachable(tmp_path, clean_slate):
     # the bridges OVS really ran: netdev is the userspace datapath, system the kernel's
     # (an empty datapath_type is OVS's default, the kernel's "system")
     assert {"netdev": "user", "system": "kernel", "": "kernel"}[seen["datapath_type"].strip('"')] == m["datapath"]
-    # auto dilation by hand: 8 GPUs x 400G x 3 hops over the datapath's forwarding budget
-    # (400 Mbit/s userspace, 1 Gbit/s kernel), rounded up to 1/2/5 x 10^k
-    assert m["dilation"] == {"user": 50000, "kernel": 10000}[m["datapath"]] and m["seed"] == 1
+    # auto dilation by hand: the agents' packets, 8 GPUs x 400G / 4154-byte frames over 2000/s
+    # (D >= 48146; the forwarding term asks less on either datapath), rounded up to 50000, then
+    # times this machine's measured slowdown (1 on the reference kind, QEMU without KVM ~22)
+    slowdown = m["machine_speed"]["slowdown"]
+    assert m["dilation"] == (50000 if slowdown == 1 else float(f"{50000 * slowdown:.2g}")) and m["seed"] == 1
     if os.environ.get("TESTBED_EXPECT_DATAPATH"):  # the lab-VM check expects OVS's kernel datapath
         assert m["datapath"] == os.environ["TESTBED_EXPECT_DATAPATH"]
     assert m["versions"]["openvswitch"] and m["versions"]["os-ken"]

@@ -82,10 +82,10 @@ def test_collected_telemetry_and_kpis_agree_with_the_agents(runs):
     assert r.polls.skipped_total.max() == 0
     training = r.polls[(r.polls.t_real_ns >= 0) & (r.polls.t_real_ns <= r.ops.end_real_ns.max())]
     assert len(training) > 5 and (training.queues == 24).all()
-    assert set(r.queues.intf) == {q["intf"] for q in r.plan["queues"]}
+    assert set(r.queues.intf) == {q.intf for q in r.plan.queues}
     # the ECN counting flows saw the GPUs' ECT(0) RoCE data arrive on every GPU-facing port...
     last = r.ecn.sort_values("t_ns").groupby("intf").tail(1).set_index("intf")
-    gpu_ports = [q["intf"] for q in r.plan["queues"] if q["peer"].startswith("h")]
+    gpu_ports = [q.intf for q in r.plan.queues if q.peer.startswith("h")]
     assert (last.loc[gpu_ports, "ect0"] > 0).all() and last.ce.sum() == 0
     # ...exactly as many as the agents sent over the fabric (RoCE data is the only ECT traffic)
     fabric = r.qps[r.qps.link == "fabric"]
@@ -98,11 +98,10 @@ def test_collected_telemetry_and_kpis_agree_with_the_agents(runs):
     # a leaf's uplinks carry the data of every queue pair whose sender is on it and receiver is on
     # another leaf (payload + 58 bytes of Ethernet to ICRC per packet) and the ACKs going the other
     # way (62 bytes: the same headers and an AETH), plus a few control frames (under 0.2 %)
-    uplinks = {q["intf"]: q["switch"] for q in r.plan["queues"] if q["switch"].startswith("leaf")
-               and q["peer"].startswith("spine")}
+    uplinks = {q.intf: q.switch for q in r.plan.queues if q.switch.startswith("leaf") and q.peer.startswith("spine")}
     polls = r.ports[r.ports.intf.isin(list(uplinks))].sort_values("t_ns").groupby("intf").tx_bytes
     sent = (polls.last() - polls.first()).to_dict()
-    leaf_of = {h["name"]: h["leaf"] for h in r.plan["hosts"]}
+    leaf_of = {h.name: h.leaf for h in r.plan.hosts}
     expected, biggest_flow = {leaf: 0 for leaf in set(uplinks.values())}, {}
     for row in fabric[fabric.bytes_received > 0].itertuples():
         if leaf_of[row.gpu] != leaf_of[row.peer]:

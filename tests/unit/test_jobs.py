@@ -7,6 +7,7 @@ from testbed.analysis.training import summarise_jobs
 from testbed.config import scenario
 from testbed.errors import ConfigError
 from testbed.model import plan as planning
+from testbed.model.plan_file import TrainingFile
 from testbed.units import Dilation
 
 TWO = ("jobs=[{name: a, traffic: dp-ring, gpus: [h1, h5, h2, h6], workload: {mapping: [h1, h5, h2, h6], "
@@ -58,7 +59,7 @@ def test_per_job_results_come_from_its_gpus_alone():
             records.append({"type": "op", "gpu": gpu, "id": op["id"], "iteration": op["iteration"],
                             "collective": op["collective"], "ready_ns": start, "start_ns": start,
                             "end_ns": start + 400_000 * slow})
-    jobs = summarise_jobs(records, training, dilation=Dilation(10))
+    jobs = summarise_jobs(records, TrainingFile.from_dict(training), dilation=Dilation(10))
     assert set(jobs) == {"a", "b"}
     assert len(jobs["a"]["iterations"]) == 2 and len(jobs["b"]["iterations"]) == 3
     assert jobs["a"]["jct_ns"] == pytest.approx((500_000 + 400_000) / 10)

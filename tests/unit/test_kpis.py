@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from helpers import plans
 from testbed import units
 from testbed.analysis import fidelity, kpis, results
 from testbed.views import report
@@ -38,26 +39,23 @@ def run_dir(tmp_path):
         "workload": {"iterations": 1}, "telemetry": {"interval_real_ns": 10_000}}))
     q = {"rate_bps": 400e9, "emulated_rate_bps": 400e6, "kmin_bytes": 100, "kmax_bytes": 400, "xoff_bytes": 900,
          "buffer_bytes": 1000, "ecn": True, "pfc": False, "delay_ns": 100, "headroom_bytes": 5}
-    plan = {"hosts": [{"name": "h1"}, {"name": "h2"}],
-            "switches": [{"name": "leaf1", "role": "leaf"}, {"name": "spine1", "role": "spine"},
-                         {"name": "spine2", "role": "spine"}],
-            "links": [{"kind": "host", "a": "h1", "b": "leaf1", "a_intf": "h1-eth0", "b_intf": "leaf1-eth1",
-                       "delay_ns": 100},
-                      {"kind": "uplink", "a": "leaf1", "b": "spine1", "a_intf": "leaf1-eth2", "b_intf": "spine1-eth1",
-                       "delay_ns": 200},
-                      {"kind": "uplink", "a": "leaf1", "b": "spine2", "a_intf": "leaf1-eth3", "b_intf": "spine2-eth1",
-                       "delay_ns": 200}],
-            "queues": [{**q, "switch": "leaf1", "port": p, "intf": f"leaf1-eth{p}", "peer": peer}
-                       for p, peer in ((1, "h1"), (2, "spine1"), (3, "spine2"))]}
     # the plan's schedule: h1 computes (120 us) and sends, h2 sends; an ideal step of 100 us
     send = {"kind": "send", "iteration": 0, "phase": "dp", "collective": 0, "step": 0, "bytes": 1000}
-    plan["training"] = {
-        "iterations": 1, "ideal": {"iteration_ns": 100_000, "link_bps": 400e9, "compute_ns": 60_000},
-        "collectives": [{"id": 0, "iteration": 0, "phase": "dp", "algorithm": "ring", "bytes": 1000, "ranks": 2,
-                         "gpus": ["h1", "h2"], "ideal_ns": 1500}],
-        "ops": {"h1": [{**send, "id": 0, "peer": "h2"}, {"kind": "compute", "iteration": 0, "phase": "forward",
+    plan = plans.plan_json(
+        dilation=D, hosts=[plans.host("h1", 1), plans.host("h2", 2)],
+        switches=[plans.switch("leaf1"), plans.switch("spine1", "spine", 2), plans.switch("spine2", "spine", 3)],
+        links=[plans.link("host", "h1", "leaf1", 0, 1, delay_ns=100),
+               plans.link("uplink", "leaf1", "spine1", 2, 1, delay_ns=200),
+               plans.link("uplink", "leaf1", "spine2", 3, 1, delay_ns=200)],
+        queues=[plans.queue(**q, switch="leaf1", port=p, intf=f"leaf1-eth{p}", peer=peer)
+                for p, peer in ((1, "h1"), (2, "spine1"), (3, "spine2"))],
+        training=plans.training(
+            ideal={"iteration_ns": 100_000, "link_bps": 400e9, "compute_ns": 60_000},
+            collectives=[{"id": 0, "iteration": 0, "phase": "dp", "algorithm": "ring", "bytes": 1000, "ranks": 2,
+                          "gpus": ["h1", "h2"], "ideal_ns": 1500}],
+            ops={"h1": [{**send, "id": 0, "peer": "h2"}, {"kind": "compute", "iteration": 0, "phase": "forward",
                                                           "collective": -1, "step": -1, "bytes": 0, "id": 1}],
-                "h2": [{**send, "id": 0, "peer": "h1"}]}}
+                 "h2": [{**send, "id": 0, "peer": "h1"}]}))
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "agents").mkdir()
     op = {"type": "op", "iteration": 0, "phase": "dp", "collective": 0, "step": 0, "link": "fabric",
@@ -141,6 +139,20 @@ def test_fidelity_names_every_failed_check_and_a_dilation_that_fixes_it(run_dir)
     assert f["verdict"] == "not trusted"
     # worst miss: host CPU (1/3 over 1/4, x2) -> 1000 x 2.67 x 1.5 = 4000 -> 5000
     assert f["suggested_dilation"] == 5000 and "--set dilation=5000" in f["text"]
+
+
+def test_the_suggested_dilation_is_one_a_scenario_may_set(run_dir):
+    """The same misses at D = 5000000: x2.67 x 1.5 would be 2e7, past the largest dilation a
+    scenario accepts (1e7, which the next run would refuse); the guard suggests 1e7. At 1e7
+    it has nothing larger to suggest and says the machine cannot run it trusted."""
+    from testbed.config.scenario import MAX_DILATION
+
+    for d, want in ((5_000_000, int(MAX_DILATION)), (int(MAX_DILATION), None)):
+        m = json.loads((run_dir / "manifest.json").read_text())
+        (run_dir / "manifest.json").write_text(json.dumps({**m, "dilation": d}))
+        f = fidelity.check(results.load(run_dir))
+        assert f["verdict"] == "not trusted" and f["suggested_dilation"] == want, f["text"]
+    assert "Already at the largest dilation a scenario may set (10000000)" in f["text"]
 
 
 def test_host_ovs_and_telemetry_checks_judge_the_training_not_bring_up_or_teardown(run_dir):

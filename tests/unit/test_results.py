@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from helpers import plans
 from testbed.analysis import results
 from testbed import errors
 
@@ -49,7 +50,8 @@ def test_port_rates_use_the_switch_counter_times_not_the_reply_times(tmp_path):
     the second reply 30 ms late and the third on time, so by its receive times the port sent
     at 375G, then 428G, faster than its wire. The switch's own counter times say 400G both."""
     (tmp_path / "manifest.json").write_text(json.dumps({"run_id": "x", "dilation": 50000, "status": "ok"}))
-    (tmp_path / "plan.json").write_text(json.dumps({"queues": [{"intf": "leaf1-eth1", "rate_bps": 400e9}]}))
+    (tmp_path / "plan.json").write_text(json.dumps(plans.plan_json(
+        dilation=50000, queues=[plans.queue(intf="leaf1-eth1", rate_bps=400e9)])))
     rows = [{"t_ns": t, "duration_ns": d, "switch": "leaf1", "port": 1, "intf": "leaf1-eth1", "tx_bytes": b,
              "rx_bytes": 0} for t, d, b in ((0, 10**9, 0), (530_000_000, 1_500_000_000, 500_000),
                                             (1_000_000_000, 2_000_000_000, 1_000_000))]
