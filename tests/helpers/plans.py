@@ -39,11 +39,15 @@ def training(ops: dict, collectives: list, ideal: dict, iterations: int = 1, job
             "collectives": collectives, "ops": ops, "jobs": jobs or {}}
 
 
-def plan_json(*, switches=(), hosts=(), links=(), queues=(), training=None, dilation: float = 1,
+def route(switch: str, prefix: str, ports) -> dict:
+    return {"switch": switch, "prefix": prefix, "ports": list(ports)}
+
+
+def plan_json(*, switches=(), hosts=(), links=(), routes=(), queues=(), training=None, dilation: float = 1,
               routing: str = "ecmp") -> dict:
     """``plan.json`` as a run writes it; checked by reading it back typed."""
     plan = {"scenario": "unit", "routing": routing, "dilation": dilation, "switches": list(switches),
-            "hosts": list(hosts), "servers": [], "links": list(links), "routes": [], "queues": list(queues),
+            "hosts": list(hosts), "servers": [], "links": list(links), "routes": list(routes), "queues": list(queues),
             "training": training, "telemetry": {"interval_real_ns": 10_000, "interval_emulated_ns": 10_000 * dilation},
             "link_delay": False}
     PlanFile.from_dict(plan)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import plans
 from testbed.paths import ROOT
 from testbed.apply import capabilities, registry
 from testbed import run
@@ -320,8 +321,8 @@ def test_clean_after_sigkill(tmp_path, clean_slate):
 @pytest.mark.datapath_independent  # the lab-VM check leaves it to the host
 def test_controller_exception_ends_controller_and_fails_loudly(tmp_path):
     """A handler exception is not swallowed by os-ken: the process exits and says why."""
-    plan = {"switches": [{"dpid": 0xBAD, "name": "tbbad"}],
-            "routes": [{"switch": "tbbad", "prefix": "10.0.1.0/24", "ports": ["not-a-port"]}]}
+    plan = plans.plan_json(switches=[{**plans.switch("tbbad"), "dpid": 0xBAD}],
+                           routes=[plans.route("tbbad", "10.0.1.0/24", ["not-a-port"])])
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan))
     bridge = f"tbx{tmp_path.name[-8:]}".replace("_", "")[:15]
