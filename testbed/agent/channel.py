@@ -112,7 +112,8 @@ class Channel:
         """NSCC's state at the end (UET QPs): window, base RTT measured, what its ACKs did."""
         cc, r = self.sendq.cc, self.recvq
         return {"nscc_cwnd_bytes": cc.cwnd, "nscc_base_rtt_ns": cc.base_rtt_ns, "nscc_avg_delay_ns": cc.avg_delay_ns,
-                **{f"nscc_{k}": v for k, v in cc.counts.items()}, "trimmed_received": r.trimmed}
+                **{f"nscc_{k}": v for k, v in cc.counts.items()}, "trimmed_received": r.trimmed,
+                "timeout_resends": self.sendq.timeout_resends}
 
     def on_control(self, pkt, now: int, real_now: int) -> list:
         """An ACK, NAK, SACK, NACK or CNP for this QP; returns the message numbers of the

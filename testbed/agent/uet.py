@@ -47,6 +47,8 @@ class UetSendQP:
         self.messages = self.acked_messages = 0
         self.retransmitted = self.retransmitted_bytes = 0
         self.naks = self.timeouts = 0
+        self.timed_out: set = set()  # PSNs a timeout queued again (not a NACK)
+        self.timeout_resends = 0  # of the retransmissions, those a timeout queued
         self.last_progress_ns = None
 
     # the interface the agent's loop shares with transport.SendQP
@@ -87,6 +89,9 @@ class UetSendQP:
         size = roce.wire_bytes(pkt.payload)
         if self.resend and self.resend[0] == pkt.psn:
             self.queued.discard(self.resend.popleft())
+            if pkt.psn in self.timed_out:
+                self.timed_out.discard(pkt.psn)
+                self.timeout_resends += 1
             self.retransmitted += 1
             self.retransmitted_bytes += size
             self.tx[pkt.psn] = (now_ns, self.tx[pkt.psn][1] + 1)
@@ -135,6 +140,7 @@ class UetSendQP:
     def _acked(self, psn: int) -> int:
         pkt = self.packets.pop(psn)
         self.tx.pop(psn, None)
+        self.timed_out.discard(psn)
         return roce.wire_bytes(pkt.payload)
 
     def on_nack(self, wire_psn: int, now_ns: int):
@@ -143,6 +149,7 @@ class UetSendQP:
         psn = unwrap(wire_psn, next(iter(self.packets), self.send_next))
         pkt = self.packets.get(psn)
         if pkt is None or psn in self.queued:
+            self.timed_out.discard(psn)  # queued by the timer, but trimmed: the resend answers this NACK
             return
         self.resend.append(psn)
         self.queued.add(psn)
@@ -158,6 +165,7 @@ class UetSendQP:
         for psn in expired:
             self.resend.append(psn)
             self.queued.add(psn)
+            self.timed_out.add(psn)
             self.cc.on_inferred_loss(roce.wire_bytes(self.packets[psn].payload))
         self.last_progress_ns = now_ns
         if expired:

@@ -24,7 +24,7 @@ from testbed.wire import roce
 
 QP_TOTALS = ("packets_sent", "retransmitted", "retransmitted_bytes", "timeouts", "naks_sent", "cnps_sent",
              "cnps_received", "ce_received", "dcqcn_cuts", "packets_received", "out_of_order_received",
-             "entropy_changes", "nacks_sent", "nacks_received", "trimmed_received")
+             "entropy_changes", "nacks_sent", "nacks_received", "trimmed_received", "timeout_resends")
 
 
 def load_records(records_dir: Path) -> list:

@@ -90,9 +90,12 @@ def test_trimming_turns_drops_into_nacks_and_exact_retransmissions(tmp_path, cle
     assert d["timeouts"] > 0 and d["retransmitted"] > 0 and d["nacks_sent"] == 0, d
     n = trimmed["drops"]["trimmed_packets"]
     assert n > 0 and trimmed["drops"]["packets"] == 0, trimmed["drops"]
-    # every resend answered a NACK (a retransmission timer may still fire while a window is
-    # shut, but what it queues is acknowledged before it goes: it resends nothing)
-    assert n == t["trimmed_received"] == t["nacks_sent"] == t["nacks_received"] == t["retransmitted"], t
+    # every trimmed packet was NACKed and resent, exactly it; a retransmission timer may still
+    # fire while a window is shut, and what it queues is mostly acknowledged before it goes, but
+    # not always (one fresh-clone CI run: 1 of 112 resends on h5 -> h2), so the agents count the
+    # timer's resends apart and those must stay rare
+    assert n == t["trimmed_received"] == t["nacks_sent"] == t["nacks_received"], t
+    assert t["retransmitted"] == n + t["timeout_resends"] and t["timeout_resends"] <= n // 20, t
 
 
 def test_adaptive_routing_lowers_the_worst_queue_against_ecmp(tmp_path, clean_slate):

@@ -129,6 +129,24 @@ def test_a_timeout_resends_only_what_was_not_acknowledged():
     assert not q.check_timeout(100, 1000)
     assert q.check_timeout(1050, 1000)
     assert send_all(q, 1100) == [0, 2] and q.timeouts == 1 and cc.losses == 2
+    # both retransmissions were the timer's, none a NACK's
+    assert q.retransmitted == q.timeout_resends == 2
+
+
+def test_a_packet_the_timer_queued_and_an_ack_took_back_is_not_counted_as_resent():
+    cc = Window()
+    q = UetSendQP(MTU, cc, dilation=Dilation(1.0))
+    q.post(4 * MTU)
+    send_all(q, 0)
+    q.on_sack(3, sack(0, (1, 3)), 50)  # PSN 0 and 2 not acknowledged yet
+    assert q.check_timeout(1050, 1000)
+    q.on_sack(2, sack(3), 1060)  # every PSN below 3 after all, before the resend went
+    assert send_all(q, 1100) == [] and q.retransmitted == q.timeout_resends == 0
+    # a NACK's resend is not the timer's
+    q.post(MTU)
+    send_all(q, 1200)
+    q.on_nack(4, 1210)
+    assert send_all(q, 1300) == [4] and (q.retransmitted, q.timeout_resends) == (1, 0)
 
 
 def test_rtt_samples_only_from_packets_sent_once():
