@@ -93,14 +93,6 @@ class PlanFile:
         return self.by_name[name]
 
     @cached_property
-    def switch_names(self) -> frozenset:
-        return frozenset(s.name for s in self.switches)
-
-    @cached_property
     def fabric_links(self) -> tuple:
         """The links switches forward over (NVLink excluded), as ``Plan.fabric_links``."""
         return tuple(link for link in self.links if link.kind != "nvlink")
-
-    @property
-    def adaptive(self) -> bool:
-        return self.routing == "adaptive"
