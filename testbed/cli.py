@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from testbed.config import scenario as scenarios
+from testbed.config import scenario
 from testbed.errors import ConfigError, TestbedError
 
 LOG = logging.getLogger("testbed")
@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--telemetry-interval", default=None, metavar="DURATION",
                    help="how often the controller collects counters, in real-fabric time (default: 10us; "
                         "x dilation on this machine)")
-    p.add_argument("--datapath", choices=scenarios.DATAPATHS, default=None, help="OVS datapath (default: auto)")
+    p.add_argument("--datapath", choices=scenario.DATAPATHS, default=None, help="OVS datapath (default: auto)")
     p.add_argument("--cluster", default="", metavar="HERE,SERVER,...",
                    help="run across servers: this machine's address on their network first, then each other server "
                         "(ssh as root, the same project path; docs/cluster.md)")
@@ -103,7 +103,7 @@ def _load(args):
     overrides = list(args.overrides)
     if args.dilation is not None:
         overrides.append(f"dilation={args.dilation!r}")
-    return scenarios.load(args.scenario, overrides)
+    return scenario.load(args.scenario, overrides)
 
 
 def _interval_ns(text: str) -> int:

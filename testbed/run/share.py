@@ -101,15 +101,14 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
 
     from testbed.apply import registry
     from testbed.apply.fabric import MininetFabric
-    from testbed.config import scenario as scenarios
+    from testbed.config import scenario
     from testbed.model import placement
-    from testbed.model import plan as planning
+    from testbed.model.plan import build
 
     source = work / "scenario.yaml"
     source.write_text(yaml.safe_dump(request["scenario"], sort_keys=False))
-    plan = planning.build(scenarios.load(str(source)), request["datapath"], link_delay=request["link_delay"],
-                          telemetry_interval_real_ns=request["telemetry_interval_real_ns"],
-                          slowdown=request["slowdown"])
+    plan = build(scenario.load(str(source)), request["datapath"], link_delay=request["link_delay"],
+                 telemetry_interval_real_ns=request["telemetry_interval_real_ns"], slowdown=request["slowdown"])
     digest = plan_digest(plan.to_dict())
     if digest != request["plan_digest"]:
         raise TestbedError(f"this server plans the run differently (plan {digest}, the coordinator's "

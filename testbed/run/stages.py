@@ -29,7 +29,7 @@ from testbed.apply.process import free_tcp_port
 from testbed.controller import collector
 from testbed.config.scenario import Scenario
 from testbed.errors import RunError, TestbedError
-from testbed.model import plan as planning
+from testbed.model.plan import DEFAULT_TELEMETRY_INTERVAL_REAL_NS, Plan, build
 from testbed.paths import RESULTS_DIR
 from testbed.run.manifest import Manifest, Queues, now_utc, versions
 
@@ -68,7 +68,7 @@ class RunOptions:
     train: bool = True  # run the scenario's workload (if it has one) after reachability
     before_training: object = None  # callable(RunContext) run after reachability, before training
     pcap: str = ""  # comma-separated ports to capture during training (capture.parse_ports)
-    telemetry_interval_real_ns: int = planning.DEFAULT_TELEMETRY_INTERVAL_REAL_NS
+    telemetry_interval_real_ns: int = DEFAULT_TELEMETRY_INTERVAL_REAL_NS
     isolate_baseline: bool = False  # with jobs: run each job alone afterwards (run.baseline)
     cluster: str = ""  # HERE,SERVER,...: run across servers (run.coordination; docs/cluster.md)
 
@@ -78,7 +78,7 @@ class RunContext:
     """What a hook can use while the fabric is up."""
 
     fabric: object  # apply.fabric.MininetFabric
-    plan: planning.Plan
+    plan: Plan
     egress: object  # apply.queues.EgressQueues
     run_dir: Path
 
@@ -125,9 +125,8 @@ class Run:
         datapath = capabilities.choose_datapath(opts.datapath or sc.datapath)
         netem = capabilities.qdisc_support().get("netem", False)
         machine = speed.measure() if sc.dilation is None else None  # only an automatic dilation uses it
-        self.plan = planning.build(sc, datapath, link_delay=netem,
-                                   telemetry_interval_real_ns=opts.telemetry_interval_real_ns,
-                                   slowdown=machine.slowdown if machine else 1.0)
+        self.plan = build(sc, datapath, link_delay=netem, telemetry_interval_real_ns=opts.telemetry_interval_real_ns,
+                          slowdown=machine.slowdown if machine else 1.0)
         from testbed.apply.capture import parse_ports
 
         self.pcap_ports = parse_ports(opts.pcap, self.plan) if opts.pcap else []
@@ -291,11 +290,7 @@ class Run:
         """summary.json and report.html from whatever the run collected, and the terminal
         summary. A failure here is reported, never raised over the run's own outcome."""
         try:
-            from testbed.views.report import build
-            from testbed.views.summary import terminal
-
-            summary, report_path = build(self.run_dir)
-            LOG.info("%s", terminal(summary, relative(report_path)))
+            run_report(self.run_dir)
         except Exception as exc:  # noqa: BLE001 - the run's data is kept either way
             LOG.warning("could not build summary.json and report.html in %s: %s: %s (rebuild with: python -m "
                         "testbed report %s)", relative(self.run_dir), type(exc).__name__, exc, relative(self.run_dir))
@@ -346,10 +341,10 @@ def run(scenario: Scenario, options: RunOptions) -> RunResult:
 
 def run_report(run_dir: Path):
     """summary.json and report.html rebuilt (after baselines), the terminal summary logged."""
-    from testbed.views.report import build
+    from testbed.views import report
     from testbed.views.summary import terminal
 
-    summary, report_path = build(run_dir)
+    summary, report_path = report.build(run_dir)
     LOG.info("%s", terminal(summary, relative(report_path)))
 
 

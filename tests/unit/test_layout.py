@@ -210,15 +210,8 @@ def test_no_import_cycle():
     tuple(graphlib.TopologicalSorter(module_graph(PACKAGE.rglob("*.py"))).static_order())
 
 
-# imports of the project's own modules under another name, left to rename (issue 32): a
-# module name that collides with a common variable (plan, scenario). The list only shrinks:
-# a new alias fails the test, and a removed one must be struck from it.
-ALIASES_LEFT = {
-    ("cli.py", "testbed.config.scenario", "scenarios"), ("run/stages.py", "testbed.model.plan", "planning"),
-    ("run/share.py", "testbed.config.scenario", "scenarios"), ("run/share.py", "testbed.model.plan", "planning"),
-}
-
-
+# the project's modules are imported under their own names: an alias (``plan as planning``)
+# hides which module a name comes from, and every new one would need a reason
 def aliases(rel: str, src: str) -> set:
     """(module, project module imported, the name it is bound to) of every ``as`` import."""
     out = set()
@@ -234,4 +227,4 @@ def test_no_new_import_alias():
     planted = aliases("x.py", "from testbed.model import plan as planning\nimport testbed.units as u\nimport os as o\n")
     assert planted == {("x.py", "testbed.model.plan", "planning"), ("x.py", "testbed.units", "u")}
     found = set().union(*(aliases(p.relative_to(PACKAGE).as_posix(), p.read_text()) for p in PACKAGE.rglob("*.py")))
-    assert found == ALIASES_LEFT
+    assert found == set()
