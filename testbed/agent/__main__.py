@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     # them out of order, and a NIC never reorders one flow. Seen as go-back-N
     # retransmissions on a non-blocking fabric in CI.
     cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpus[agents[0].cfg["server"] % len(cpus)]})
+    os.sched_setaffinity(0, {cpus[agents[0].cfg.server % len(cpus)]})
     print("ready", flush=True)
     line = sys.stdin.readline()
     if not line.strip():

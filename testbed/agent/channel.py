@@ -16,6 +16,7 @@ from __future__ import annotations
 import socket
 from collections import defaultdict, deque
 
+from testbed.agent.config import NicSpec, Peer
 from testbed.agent.dcqcn import ReactionPoint
 from testbed.agent.nscc import Nscc
 from testbed.agent.transport import RecvQP, SendQP, split_message
@@ -27,12 +28,12 @@ CONTROL_OPCODES = (roce.OP_ACK, roce.OP_CNP, roce.OP_UET_SACK, roce.OP_UET_NACK)
 
 
 class Nic:
-    def __init__(self, link: str, spec: dict):
-        self.link, self.intf, self.line_bps = link, spec["intf"], spec["line_bps"]
-        self.me = roce.Endpoint(spec["mac"], spec["ip"])
+    def __init__(self, link: str, spec: NicSpec):
+        self.link, self.intf, self.line_bps = link, spec.intf, spec.line_bps
+        self.me = roce.Endpoint(spec.mac, spec.ip)
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, TX_BUFFER_BYTES)
-        self.sock.bind((spec["intf"], 0))
+        self.sock.bind((spec.intf, 0))
         self.free_ns = 0  # the NIC's serializer is busy until then (emulated)
         self.blocked = 0
 
@@ -46,12 +47,11 @@ class Nic:
 class Channel:
     """The reliable connection to one peer over one NIC."""
 
-    def __init__(self, agent, peer: str, p: dict, nic: Nic, qp: int = 0):
+    def __init__(self, agent, peer: str, p: Peer, nic: Nic, qp: int = 0):
         self.peer, self.nic, self.qp = peer, nic, qp
         bit = roce.NVLINK_QPN_BIT if nic.link == "nvlink" else 0
-        mine, theirs = roce.qpn(agent.index, p["index"], qp) | bit, roce.qpn(p["index"], agent.index, qp) | bit
-        addr = p if nic.link == "fabric" else {"mac": p["nvlink_mac"], "ip": p["nvlink_ip"]}
-        self.remote = roce.Endpoint(addr["mac"], addr["ip"])
+        mine, theirs = roce.qpn(agent.index, p.index, qp) | bit, roce.qpn(p.index, agent.index, qp) | bit
+        self.remote = roce.Endpoint(*p.address(nic.link))
         self.sport, self.dqpn, self.mine = roce.udp_source_port(mine, theirs), theirs, mine
         # NVLink is one bridge: no paths to choose, its QPs keep their port
         self.balance = agent.balance if nic.link == "fabric" else "flow"
@@ -183,7 +183,7 @@ class Connection:
     parts in order, so the k-th part a QP delivers belongs to the k-th message that uses
     that QP)."""
 
-    def __init__(self, agent, peer: str, p: dict, nic: Nic, qps: int):
+    def __init__(self, agent, peer: str, p: Peer, nic: Nic, qps: int):
         self.mtu = agent.mtu
         self.channels = [Channel(agent, peer, p, nic, qp) for qp in range(qps)]
         self.posted = deque()  # posted receives: (op id, the QPs its message uses)

@@ -31,7 +31,7 @@ from collections import defaultdict
 
 from testbed.wire import pfc
 from testbed.wire import roce
-from testbed.units import Dilation
+from testbed.agent.config import AgentConfig
 from testbed.agent.dcqcn import Params
 from testbed.agent.ops import OpGraph, peer_link
 from testbed.agent.channel import CONTROL_OPCODES, BusyChannels, Channel, Connection, Nic, udp_receive_errors
@@ -60,29 +60,29 @@ class Agent:
     socket openers are parameters so the loop runs against a fake clock and fake sockets in
     the unit tests."""
 
-    def __init__(self, cfg: dict, clock=time.monotonic_ns, open_nic=Nic, open_rx=open_rx,
+    def __init__(self, cfg: AgentConfig, clock=time.monotonic_ns, open_nic=Nic, open_rx=open_rx,
                  open_pause=pfc.open_socket, snmp_path: str = "/proc/net/snmp"):
         self.cfg = cfg
         self.clock = clock
         self.snmp_path = snmp_path  # the UDP counters of the GPU's namespace (/proc/PID/net/snmp)
-        self.name, self.index = cfg["gpu"], cfg["index"]
-        self.d = Dilation(cfg["dilation"])
-        self.transport = t = cfg["transport"]  # model.training.Transport
+        self.name, self.index = cfg.gpu, cfg.index
+        self.d = cfg.dilation
+        self.transport = t = cfg.transport
         self.mtu = t.mtu_bytes
         self.rto_real_ns = t.rto_ns
-        self.ops = cfg["ops"]
-        self.out = open(cfg["records"], "w", buffering=1)
+        self.ops = cfg.ops
+        self.out = open(cfg.records, "w", buffering=1)
         self.payload = bytes(self.mtu)
         self.params = Params(**t.dcqcn_params)
-        self.nics = {link: open_nic(link, spec) for link, spec in cfg["nics"].items()}
+        self.nics = {link: open_nic(link, spec) for link, spec in cfg.nics.items()}
         self.rx = open_rx()
         # PFC from the leaf: the fabric NIC stops the data class (control frames still go)
-        self.pause = open_pause(cfg["nics"]["fabric"]["intf"])
+        self.pause = open_pause(cfg.nics["fabric"].intf)
         self.paused_until_ns = 0
         self.paused_since_ns = None
         self.nic_counters = defaultdict(int)
         self.resumed_ns = 0  # a paused NIC's packets are due from here, not from before the pause
-        self.by_index = {p["index"]: name for name, p in cfg["peers"].items()}
+        self.by_index = {p.index: name for name, p in cfg.peers.items()}
         self.qps = t.qps_per_connection
         self.balance = t.load_balancing
         self.spray_packets = t.spray_packets
@@ -91,9 +91,9 @@ class Agent:
         self.base_rtt_ns, self.trimming = t.base_rtt_ns, t.trim
         self.store_and_forward_ns = t.store_and_forward_ns
         self.conns: dict[tuple, Connection] = {}  # (peer, link) -> Connection
-        for name, p in cfg["peers"].items():
+        for name, p in cfg.peers.items():
             for link, nic in self.nics.items():
-                if link == "fabric" or p.get("nvlink_ip"):
+                if link == "fabric" or p.nvlink_ip:
                     # NVLink is one bridge: nothing to spread over, one QP
                     self.conns[(name, link)] = Connection(self, name, p, nic, self.qps if link == "fabric" else 1)
         self.channels: dict[tuple, Channel] = {(ch.peer, ch.nic.link, ch.qp): ch for conn in self.conns.values()

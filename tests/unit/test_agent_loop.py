@@ -8,8 +8,10 @@ import socket
 
 import pytest
 
+from testbed.agent.config import AgentConfig, NicSpec, Peer
 from testbed.agent.runner import Agent
 from testbed.model.training import Transport
+from testbed.units import Dilation
 from testbed.wire import pfc, roce
 
 D = 1000  # dilation
@@ -27,8 +29,8 @@ class Clock:
 
 class FakeNic:
     def __init__(self, link, spec):
-        self.link, self.intf, self.line_bps = link, spec["intf"], spec["line_bps"]
-        self.me = roce.Endpoint(spec["mac"], spec["ip"])
+        self.link, self.intf, self.line_bps = link, spec.intf, spec.line_bps
+        self.me = roce.Endpoint(spec.mac, spec.ip)
         self.free_ns, self.blocked, self.sent = 0, 0, []
 
     def send(self, frame):
@@ -64,16 +66,19 @@ def rc_transport(dcqcn=False, **fields) -> Transport:
                      nvlink_line_bps=LINE_BPS, **fields)
 
 
+def gpu_config(i: int, peer: int, ops: list, transport: Transport, folder) -> AgentConfig:
+    """GPU h<i> with one fabric NIC and one peer, h<peer>, on another server."""
+    return AgentConfig(gpu=f"h{i}", index=i, server=i, dilation=Dilation(D), transport=transport, ops=ops,
+                       records=str(folder / f"h{i}.jsonl"),
+                       nics={"fabric": NicSpec(f"h{i}-eth0", f"02:01:00:00:0{i}:01", f"10.0.{i}.1", LINE_BPS)},
+                       peers={f"h{peer}": Peer(peer, f"02:01:00:00:0{peer}:01", f"10.0.{peer}.1")})
+
+
 @pytest.fixture
 def make_agent(tmp_path):
     def make(ops, dcqcn=False, **transport):
         clock, rx, pause = Clock(), Inbox(), Inbox()
-        cfg = {"gpu": "h1", "index": 1, "dilation": D, "transport": rc_transport(dcqcn=dcqcn, **transport),
-               "ops": ops, "records": str(tmp_path / "h1.jsonl"),
-               "nics": {"fabric": {"intf": "h1-eth0", "mac": "02:01:00:00:01:01", "ip": "10.0.1.1",
-                                   "line_bps": LINE_BPS}},
-               "peers": {"h2": {"index": 2, "mac": "02:01:00:00:02:01", "ip": "10.0.2.1", "nvlink_mac": None,
-                                "nvlink_ip": None}}}
+        cfg = gpu_config(1, 2, ops, rc_transport(dcqcn=dcqcn, **transport), tmp_path)
         agent = Agent(cfg, clock=clock, open_nic=FakeNic, open_rx=lambda: rx,
                       open_pause=lambda intf: pause)
         agent.prepare(clock.now)
@@ -83,7 +88,7 @@ def make_agent(tmp_path):
 
 def records(agent):
     agent.out.flush()
-    return [json.loads(line) for line in open(agent.cfg["records"])]
+    return [json.loads(line) for line in open(agent.cfg.records)]
 
 
 def test_compute_ends_on_its_dilated_timer_then_the_next_op_starts(make_agent):

@@ -7,25 +7,21 @@ import json
 from testbed.agent import server
 from testbed.agent.runner import Agent
 
-from test_agent_loop import D, LINE_BPS, MTU, Clock, FakeNic, Inbox, op, rc_transport
+from test_agent_loop import D, MTU, Clock, FakeNic, Inbox, gpu_config, op, rc_transport
 
 
 def agents_on(clock, tmp_path, schedules):
     out = []
     for i, ops in enumerate(schedules, start=1):
         peer = 2 if i == 1 else 1
-        cfg = {"gpu": f"h{i}", "index": i, "server": 1, "dilation": D, "transport": rc_transport(), "ops": ops, "records": str(tmp_path / f"h{i}.jsonl"),
-               "nics": {"fabric": {"intf": f"h{i}-eth0", "mac": f"02:01:00:00:0{i}:01", "ip": f"10.0.{i}.1",
-                                   "line_bps": LINE_BPS}},
-               "peers": {f"h{peer}": {"index": peer, "mac": f"02:01:00:00:0{peer}:01", "ip": f"10.0.{peer}.1",
-                                      "nvlink_mac": None, "nvlink_ip": None}}}
+        cfg = gpu_config(i, peer, ops, rc_transport(), tmp_path)
         out.append(Agent(cfg, clock=clock, open_nic=FakeNic, open_rx=Inbox, open_pause=lambda intf: Inbox()))
     return out
 
 
 def records(agent):
     agent.out.flush()
-    return [json.loads(line) for line in open(agent.cfg["records"])]
+    return [json.loads(line) for line in open(agent.cfg.records)]
 
 
 def sleeping(clock, woken=()):
