@@ -1,7 +1,8 @@
 """Where a run's CPU goes, by process group and by stage, and whether the fidelity guard
 trusts the run (issue 16: find the cost before removing it). A benchmark, not a test.
 
-    .venv/bin/python bench/scale.py [--scenario FILE] [--dilation D ...] [--set PATH=VALUE ...]   (as root)
+    .venv/bin/python bench/scale.py [--scenario FILE] [--dilation D ...] [--set PATH=VALUE ...]
+                                    [--profile DIR]   (as root)
 
 (The default, rail-32, trains a 32-rank ring; docs/measurements.md's first scale rows used a
 scenario file with ``topology: rail-4x8`` and ``traffic: dp-ring``, what rail-32 now is.)
@@ -251,7 +252,13 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], dest="sets", metavar="PATH=VALUE")
     ap.add_argument("--interval", type=float, default=0.2, help="seconds between /proc samples")
     ap.add_argument("--keep", metavar="DIR", help="keep the run folders here (default: a temporary folder)")
+    ap.add_argument("--profile", metavar="DIR", help="run the agents under cProfile, one agents-GPU.prof per "
+                    "server process in DIR (read with python -m pstats); profiling slows them, so the run's "
+                    "timings and verdict are not the unprofiled run's")
     args = ap.parse_args()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        os.environ["TESTBED_AGENT_PROFILE"] = str(Path(args.profile).resolve())
     dilations = args.dilation or [None]
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(args.keep or tmp)

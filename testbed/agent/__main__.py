@@ -5,7 +5,11 @@ the shared start time and deadline from stdin, runs every GPU's ops in one event
 (``server.serve``), prints ``done``, and answers its peers until the run closes stdin
 (closed earlier, during the ops: it stops). Each GPU's records go to RECORDS_DIR/GPU.jsonl.
 Why it stopped early (the run closed stdin, its deadline passed, SIGTERM) goes to stderr,
-which the run keeps in its folder."""
+which the run keeps in its folder.
+
+With ``TESTBED_AGENT_PROFILE=DIR`` in the environment (``bench/scale.py --profile DIR``), the
+event loop runs under cProfile and its statistics go to DIR/agents-FIRSTGPU.prof: where the
+agents' CPU per packet goes, measured in a real run."""
 
 import os
 import signal
@@ -36,6 +40,19 @@ def _say(why: str, agents: list, total: int):
           flush=True)
 
 
+def _serve(agents: list, start_ns: int, deadline_ns: int) -> int:
+    profile_dir = os.environ.get("TESTBED_AGENT_PROFILE")
+    if not profile_dir:
+        return server.serve(agents, start_ns, deadline_ns, control=sys.stdin)
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(server.serve, agents, start_ns, deadline_ns, control=sys.stdin)
+    finally:
+        profiler.dump_stats(str(Path(profile_dir) / f"agents-{agents[0].name}.prof"))
+
+
 def main(argv=None) -> int:
     plan_path, records_dir, *members = sys.argv[1:] if argv is None else argv
     plan = PlanFile.load(plan_path)
@@ -59,7 +76,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _terminated)
     total = sum(len(a.ops) for a in agents)
     try:
-        rc = server.serve(agents, start_ns, deadline_ns, control=sys.stdin)
+        rc = _serve(agents, start_ns, deadline_ns)
         if rc == 0:
             print("done", flush=True)
             server.linger(agents, sys.stdin)
