@@ -32,10 +32,10 @@ from mininet.node import OVSSwitch  # noqa: E402
 from testbed.apply import capabilities, registry
 from testbed.model import plan as planning
 from testbed.config import scenario
-from testbed.apply.queues import EgressQueues
+from testbed.apply.datapath.egress import EgressQueues
 from testbed.apply.fabric import MininetFabric, build_topo
-from testbed.apply.controller import Controller
-from testbed.apply.process import free_tcp_port
+from testbed.apply.processes.controller import Controller
+from testbed.apply.processes.child import free_tcp_port
 
 
 def time_testbed(p, datapath, work: Path) -> tuple[float, float]:

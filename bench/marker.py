@@ -31,11 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testbed.wire import bpfmaps
-from testbed.apply import bpfmap
+from testbed.apply.datapath import bpfmap
 from testbed.model import queues
-from testbed.apply.marker import Marker
-from testbed.apply.probe import checksum
-from testbed.apply.process import wait_for
+from testbed.apply.datapath.marker import Marker
+from testbed.apply.processes.probe import checksum
+from testbed.apply.processes.child import wait_for
 
 BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_SCHED_CLS = 3
@@ -200,7 +200,7 @@ def attach(netns: str, intf: str, pinned: str):
     with open(f"/run/netns/{netns}") as f:
         if libc.setns(f.fileno(), 0x40000000) != 0:  # CLONE_NEWNET
             raise OSError(ctypes.get_errno(), "setns")
-    from testbed.apply.tc import PortTc
+    from testbed.apply.datapath.tc import PortTc
 
     with PortTc() as tc:
         tc.attach_marker(intf, bpfmap.obj_get(pinned))

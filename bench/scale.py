@@ -70,9 +70,9 @@ def _group(pid: int, me: int) -> str:
         return "agents"
     if b"testbed.controller" in text or b"osken" in text:
         return "controller"
-    if b"testbed.apply.pfc" in text:
+    if b"testbed.apply.processes.pfcd" in text:
         return "pfc"
-    if b"testbed.apply.probe" in text:
+    if b"testbed.apply.processes.probe" in text:
         return "probes"
     return "mininet"
 

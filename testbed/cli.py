@@ -156,10 +156,10 @@ def _doctor(args) -> int:
     from testbed.apply import capabilities
 
     if args.cluster is not None:
-        from testbed.apply import cluster_probe
+        from testbed.apply.cluster import doctor
         from testbed.model.placement import parse_machines
 
-        items = cluster_probe.checks(parse_machines(args.cluster))
+        items = doctor.checks(parse_machines(args.cluster))
     else:
         items = capabilities.checks()
     width = max(len(c.name) for c in items)
@@ -191,7 +191,7 @@ def _clean(args) -> int:
         print(prefix + (would + line if actions else line))
     failed = 0
     if servers:
-        from testbed.apply import remote_share
+        from testbed.apply.cluster import remote_share
 
         for server in servers:
             ok, lines = remote_share.clean_server(server, args.dry_run)

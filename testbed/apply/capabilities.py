@@ -157,7 +157,7 @@ def checks() -> list[Check]:
                            required=False))
     else:
         items.append(Check("qdiscs", None, "not tested (needs root)", "run doctor as root"))
-    from testbed.apply.marker import OBJECT
+    from testbed.apply.datapath.marker import OBJECT
 
     items.append(Check("marker object", OBJECT.exists(), str(OBJECT) if OBJECT.exists() else "not built",
                        INSTALL_FIX))

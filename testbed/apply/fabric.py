@@ -5,7 +5,7 @@ entry it records every bridge and interface it is about to create in the run
 registry, builds hosts, OVS switches (OpenFlow 1.3, fail-mode secure, controller
 on 127.0.0.1 or a cluster's explicit address), NVLink bridges and links exactly as the
 plan says (names, port numbers, MACs, addresses), or one cluster share of them with its
-crossing links as tunnels (apply.tunnel), tags what it made with the run id, and
+crossing links as tunnels (apply.cluster.tunnel), tags what it made with the run id, and
 configures the GPU hosts (static neighbours, no IPv6 chatter, TX checksum offload off on the
 userspace datapath). On exit, normal or not, it stops the network.
 """
@@ -32,6 +32,7 @@ from testbed.model import queues  # noqa: E402
 from testbed.apply import registry  # noqa: E402
 from testbed.errors import RunError  # noqa: E402
 from testbed.model.plan import Plan  # noqa: E402
+from testbed.model.placement import WHOLE, Site  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 CMD_TIMEOUT_S = 30
@@ -148,7 +149,7 @@ def _part(plan: Plan, share=None):
 
 def build_topo(plan: Plan, datapath: str, share=None) -> Topo:
     """The plan (or one cluster share of it) as a Mininet Topo (pure data: no root needed to
-    build or inspect it). A share's crossing links are not in it: apply.tunnel adds them."""
+    build or inspect it). A share's crossing links are not in it: apply.cluster.tunnel adds them."""
     topo = Topo()
     ovs_dp = "user" if datapath == "user" else "kernel"
     switches, servers, hosts, links = _part(plan, share)
@@ -166,7 +167,7 @@ def build_topo(plan: Plan, datapath: str, share=None) -> Topo:
 
 def root_interfaces(plan: Plan, share=None) -> list[str]:
     """Interfaces this fabric creates in the root namespace (switch and bridge ends; a
-    share's tunnel ends are apply.tunnel's)."""
+    share's tunnel ends are apply.cluster.tunnel's)."""
     _switches, servers, _hosts, links = _part(plan, share)
     names = [link.b_intf for link in links]
     names += [link.a_intf for link in links if link.kind == "uplink"]
@@ -179,14 +180,13 @@ class MininetFabric:
 
     def __init__(self, plan: Plan, run_id: str, datapath: str, controller_port: int,
                  record: registry.RunRecord, work_dir: Path, link_delay: bool = False,
-                 controller_address: str = "127.0.0.1", share=None, underlay: dict | None = None):
-        """``share`` (model.placement.Share): build only this machine's part of a cluster run,
-        its crossing links as tunnels to the ``underlay`` address of each other server
-        ({machine: address}, this one's included); the controller is then on another
-        server or on this one's cluster address, ``controller_address``."""
+                 site: Site = WHOLE):
+        """``site`` (model.placement.Site): the whole plan, or only this machine's share of a
+        cluster run, its crossing links as tunnels to the underlay address of each other
+        server; the controller is then on another server or on this one's cluster address."""
         self.plan, self.run_id, self.datapath, self.link_delay = plan, run_id, datapath, link_delay
         self.controller_port, self.record, self.work_dir = controller_port, record, work_dir
-        self.controller_address, self.share, self.underlay = controller_address, share, underlay or {}
+        self.controller_address, self.share, self.underlay = site.controller_address, site.share, site.underlay
         self.net: Mininet | None = None
         self.tunnels = None
 
@@ -213,7 +213,7 @@ class MininetFabric:
             registry.tag_bridges(self.run_id, bridges)
             registry.tag_interfaces(self.run_id, interfaces)
             if self.share is not None and self.share.tunnels:
-                from testbed.apply.tunnel import TunnelPorts
+                from testbed.apply.cluster.tunnel import TunnelPorts
 
                 self.tunnels = TunnelPorts(self.share.tunnels, self.run_id, self.record,
                                            self.underlay[self.share.machine], self.underlay).__enter__()
@@ -277,7 +277,7 @@ class MininetFabric:
             if self.datapath == "user":
                 for intf in node.intfList():
                     procs.append((h.name, node.popen(["ethtool", "-K", intf.name, "tx", "off"])))
-            if self.link_delay:  # the GPU's end of its cable (switch ends: apply.queues.EgressQueues)
+            if self.link_delay:  # the GPU's end of its cable (switch ends: apply.datapath.egress.EgressQueues)
                 (link,) = [lk for lk in self.plan.fabric_links if h.name in (lk.a, lk.b)]
                 us = max(1, round(self.plan.dilation.duration_ns(link.delay_ns) / 1000))
                 procs.append((h.name, node.popen(["tc", "qdisc", "replace", "dev", f"{h.name}-eth0", "root", "netem",

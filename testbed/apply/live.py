@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from testbed.apply import registry
-from testbed.apply.bpfmap import BpfError, Map
-from testbed.apply.marker import PIN_ROOT
+from testbed.apply.datapath.bpfmap import BpfError, Map
+from testbed.apply.datapath.marker import PIN_ROOT
 from testbed.errors import RunError
 from testbed.jsonlines import read_events
 from testbed.model.plan_file import PlanFile
@@ -62,7 +62,7 @@ def snapshot(run: dict) -> list[dict]:
     except BpfError as exc:
         state_map.close()
         raise RunError(f"the run's marker maps are not there yet: {exc}") from None
-    from testbed.apply.tc import PortTc  # pyroute2: only when a live run is read
+    from testbed.apply.datapath.tc import PortTc  # pyroute2: only when a live run is read
 
     with state_map, cfg_map, PortTc() as tc:
         now = time.monotonic_ns()

@@ -35,7 +35,7 @@ def probe_timing(plan, load: dict) -> tuple[float, float]:
 
 def check(fab, plan, far=()) -> dict:
     """Returns {"pairs", "failures"}; raises RunError listing the failures. ``far``: the
-    other servers' shares of a cluster run (``apply.remote_share.RemoteShare``), whose GPUs
+    other servers' shares of a cluster run (``apply.cluster.remote_share.RemoteShare``), whose GPUs
     probe at the same time from there (run/share.py's ``probe``)."""
     load, switches = plan.ecmp_shares()
     timing = probe_timing(plan, load)
@@ -55,7 +55,7 @@ def probe(fab, plan, gpus: list, timing: tuple) -> dict:
     for name in gpus:
         targets = [o.addr for o in plan.hosts if o.name != name]
         procs[name] = fab.host(name).popen(
-            [sys.executable, "-m", "testbed.apply.probe", "--timeout", f"{timeout_s:.3f}", "--resend",
+            [sys.executable, "-m", "testbed.apply.processes.probe", "--timeout", f"{timeout_s:.3f}", "--resend",
              f"{resend_s:.3f}", *targets], cwd=str(ROOT))
     results = {}
     for name, proc in procs.items():

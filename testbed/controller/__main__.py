@@ -24,7 +24,7 @@ def main(argv=None):
     parser.add_argument("--events", required=True, help="JSON-lines file to append events to")
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
     parser.add_argument("--address", default="127.0.0.1",
-                        help="the one address to listen on (checked by apply.controller.check_listen_address)")
+                        help="the one address to listen on (checked by apply.processes.controller.check_listen_address)")
     parser.add_argument("--telemetry", default=None, help="folder for the telemetry JSON lines (off if unset)")
     parser.add_argument("--pins", default=None, help="the run's bpffs folder (marker maps: queue counters)")
     parser.add_argument("--queues-of", default=None,
@@ -32,7 +32,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s controller %(name)s %(levelname)s %(message)s")
-    from testbed.apply.controller import check_listen_address
+    from testbed.apply.processes.controller import check_listen_address
 
     cfg.CONF(args=["--ofp-listen-host", check_listen_address(args.address), "--ofp-tcp-listen-port", str(args.port)],
              project="os_ken")

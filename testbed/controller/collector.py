@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from testbed.wire import bpfmaps
-from testbed.apply import bpfmap
+from testbed.apply.datapath import bpfmap
 from testbed.controller import telemetry
-from testbed.apply.marker import Counters
-from testbed.apply.qdiscstat import QdiscReader
+from testbed.apply.datapath.marker import Counters
+from testbed.apply.datapath.qdiscstat import QdiscReader
 
 FILES = ("ports", "ecn", "queues", "polls")
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")

@@ -10,7 +10,7 @@ from testbed.errors import ConfigError
 from testbed.model import queues
 from testbed.wire.bpfmaps import PMAX_ONE
 
-MIN_EMULATED_RATE_BPS = 16_000  # twice the rate a paused port's shaper is turned down to (apply/tc.py)
+MIN_EMULATED_RATE_BPS = 16_000  # twice the rate a paused port's shaper is turned down to (apply/datapath/tc.py)
 
 
 def check(plan):

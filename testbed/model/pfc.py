@@ -1,6 +1,6 @@
 """PFC decisions as pure data: which ports feed a congested egress queue (the neighbours
 its pause stops) and the XOFF/XON hysteresis of one accounting point. The frame is
-``testbed.wire.pfc``; ``testbed.apply.pfc`` acts on these decisions."""
+``testbed.wire.pfc``; ``testbed.apply.processes.pfcd`` acts on these decisions."""
 
 from __future__ import annotations
 

@@ -69,6 +69,29 @@ class Share:
     paused_across: tuple  # (queue intf, feeder tunnel intf): its PFC pauses a neighbour on another machine
 
 
+@dataclass(frozen=True)
+class Site:
+    """Where this machine's part of a run is, decided once when the run is planned and passed
+    to everything bring-up starts: the whole plan (a run on one machine, ``WHOLE``), or one
+    cluster ``Share`` with the servers' network (``underlay``: machine -> address, this one's
+    included) and the address the controller listens on."""
+    share: Share | None = None
+    underlay: dict = field(default_factory=dict)
+    controller_address: str = "127.0.0.1"
+
+    @property
+    def switches(self) -> tuple | None:
+        """The switches built here, None for all of the plan's."""
+        return None if self.share is None else self.share.switches
+
+    def queues(self, plan: Plan) -> tuple:
+        """The egress queues applied here (a share's tunnel ends included)."""
+        return tuple(plan.queues) if self.share is None else self.share.queues
+
+
+WHOLE = Site()
+
+
 def pods(plan: Plan) -> list[Pod]:
     """The fabric's pods, in the order of their first GPU."""
     parent: dict[str, str] = {}

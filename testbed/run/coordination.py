@@ -1,13 +1,13 @@
 """A run across servers, from the coordinator (``testbed run --cluster HERE,SERVER,...``;
 docs/cluster.md): which servers, where the plan is placed, what each is sent
 (``Layout``); training (its own GPUs' agents and every other server's share,
-``apply.remote_share.RemoteShare`` and run/share.py, start on one deadline, run to the end,
+``apply.cluster.remote_share.RemoteShare`` and run/share.py, start on one deadline, run to the end,
 and their records land in one folder on one time line); and each share's queue telemetry
 gathered into the run folder.
 
 The start time is this machine's CLOCK_MONOTONIC plus a margin; each server gets it
 shifted by its clock offset, measured over its share's own session just before (the best
-of CLOCK_SAMPLES round trips, ``apply.ssh.best_offset``). A server's records come back
+of CLOCK_SAMPLES round trips, ``apply.cluster.ssh.best_offset``). A server's records come back
 in its clock and are shifted back (``model.placement.to_coordinator_clock``). The offsets
 and their errors are returned, for the run's manifest and the fidelity guard.
 """
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.apply.agents import READY_TIMEOUT_S
+from testbed.apply.processes.agents import READY_TIMEOUT_S
 from testbed.errors import ConfigError
 from testbed.model import placement
 from testbed.model.placement import to_coordinator_clock
@@ -124,7 +124,7 @@ def bring_up_others(stack, layout: Layout, run_dir: Path, scenario, plan, manife
     """Every other server's share, entered on ``stack`` (torn down before this machine's),
     their clocks measured into ``manifest.cluster``; on the way down, each share's queue
     telemetry is gathered first (kept when the run failed: the data so far)."""
-    from testbed.apply.remote_share import RemoteShare
+    from testbed.apply.cluster.remote_share import RemoteShare
     from testbed.run.share import make_request
 
     far = []
@@ -182,7 +182,7 @@ def measure_clocks(far: list) -> dict:
 
 
 def train_across(agents, far: list, records_dir: Path, timeout_s: float, progress=None) -> dict:
-    """``agents``: this machine's entered ``apply.agents.Agents``; ``far``: the other servers'
+    """``agents``: this machine's entered ``apply.processes.agents.Agents``; ``far``: the other servers'
     entered RemoteShares. Returns ``{"start_ns": ..., "clocks": {server: {offset_ns, error_ns}}}``
     once every GPU has finished and every server's records are in ``records_dir``."""
     clocks = measure_clocks(far)

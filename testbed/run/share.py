@@ -1,5 +1,5 @@
 """One server's share of a cluster run: ``python -m testbed.run.share`` (started over ssh by
-``apply.remote_share.RemoteShare``; docs/cluster.md).
+``apply.cluster.remote_share.RemoteShare``; docs/cluster.md).
 
 It reads one JSON line on stdin: the run id, the resolved scenario, how the coordinator
 built the plan (datapath, link delay, telemetry interval, the slowdown its speed probe
@@ -9,8 +9,8 @@ controller's address and port. It builds the same plan from the same scenario (r
 if the digest differs: the servers run different versions), places it as the coordinator
 did, and brings up its share: its switches, GPUs, NVLink bridges and local links with
 ``apply.fabric.MininetFabric``, its crossing links as VXLAN tunnels to the other servers
-(``apply.tunnel``), the egress queue of each of its switch ports (tunnel ends included:
-shaper, FIFO and the ECN marker, ``apply.queues``), registered in this server's run registry so ``clean`` works here too.
+(``apply.cluster.tunnel``), the egress queue of each of its switch ports (tunnel ends included:
+shaper, FIFO and the ECN marker, ``apply.datapath.egress``), registered in this server's run registry so ``clean`` works here too.
 
 It answers one JSON line on stdout (``{"event": "ready", ...}`` or ``{"event": "error",
 ...}``), then serves the coordinator's commands, one line each, until its stdin closes
@@ -116,15 +116,13 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
                            f"(testbed doctor --cluster names the one that differs)")
     machines = tuple(request["machines"])
     (share,) = [s for s in placement.shares(plan, placement.place(plan, machines)) if s.machine == request["machine"]]
+    site = placement.Site(share, request["underlay"], request["controller_address"])
     record = stack.enter_context(registry.RunRecord(request["run_id"], str(work)))
     fabric = stack.enter_context(MininetFabric(plan, request["run_id"], request["datapath"], request["controller_port"],
-                                      record, work, link_delay=request["link_delay"],
-                                      controller_address=request["controller_address"], share=share,
-                                      underlay=request["underlay"]))
-    from testbed.apply.queues import EgressQueues  # pyroute2 and the BPF marker
+                                               record, work, link_delay=request["link_delay"], site=site))
+    from testbed.apply.datapath.egress import EgressQueues  # pyroute2 and the BPF marker
 
-    egress = stack.enter_context(EgressQueues(plan, request["run_id"], link_delay=request["link_delay"],
-                                              ports=share.queues))
+    egress = stack.enter_context(EgressQueues(plan, request["run_id"], link_delay=request["link_delay"], site=site))
     telemetry = work / "telemetry"
     telemetry.mkdir()
     up = Up(plan, share, fabric, record)
@@ -132,10 +130,9 @@ def bring_up(stack: ExitStack, request: dict, work: Path) -> Up:
     up.plan_path.write_text(json.dumps(plan.to_dict()))
     up.collector = stack.enter_context(QueueCollector(plan, telemetry, egress.marker.dir, share.switches))
     if any(pq.pfc for pq in share.queues):
-        from testbed.apply.pfc_daemon import PfcDaemon
+        from testbed.apply.processes.pfc_daemon import PfcDaemon
 
-        up.pfcd = up.pfc_stack.enter_context(PfcDaemon(up.plan_path, egress.marker.dir, telemetry, record,
-                                                       switches=share.switches))
+        up.pfcd = up.pfc_stack.enter_context(PfcDaemon(up.plan_path, egress.marker.dir, telemetry, record, site=site))
         stack.push(up.pfc_stack.__exit__)  # whichever comes first: the telemetry command or the teardown
     return up
 
@@ -258,7 +255,7 @@ class Commands:
         return [g for g in self.up.plan.training.ranks if g in self.up.share.hosts] if self.up.plan.training else []
 
     def start_agents(self):
-        from testbed.apply.agents import Agents
+        from testbed.apply.processes.agents import Agents
 
         if self.agents is not None:
             raise TestbedError("the agents are already started")

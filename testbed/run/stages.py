@@ -23,12 +23,13 @@ import yaml
 
 from testbed import units
 from testbed.apply import capabilities, registry, speed
-from testbed.apply.controller import Controller
-from testbed.apply.marker import PIN_ROOT
-from testbed.apply.process import free_tcp_port
+from testbed.apply.processes.controller import Controller
+from testbed.apply.datapath.marker import PIN_ROOT
+from testbed.apply.processes.child import free_tcp_port
 from testbed.controller import collector
 from testbed.config.scenario import Scenario
 from testbed.errors import RunError, TestbedError
+from testbed.model.placement import WHOLE, Site
 from testbed.model.plan import DEFAULT_TELEMETRY_INTERVAL_REAL_NS, Plan, build
 from testbed.paths import RESULTS_DIR
 from testbed.run.manifest import Manifest, Queues, now_utc, versions
@@ -79,7 +80,7 @@ class RunContext:
 
     fabric: object  # apply.fabric.MininetFabric
     plan: Plan
-    egress: object  # apply.queues.EgressQueues
+    egress: object  # apply.datapath.egress.EgressQueues
     run_dir: Path
 
 
@@ -105,15 +106,39 @@ def new_run_dir(base: Path, name: str) -> tuple[str, Path]:
     raise RunError(f"cannot create a run folder under {base}")
 
 
+@dataclass
+class Up:
+    """What bring-up started, each entered on the run's stack (torn down in reverse order when
+    it unwinds); filled as each comes up, so a bring-up that fails half way still says what
+    it had started."""
+
+    record: registry.RunRecord
+    ctl: Controller | None = None
+    t_up: float = 0.0  # when the controller listened: the fabric's bring-up is timed from here
+    fab: object = None  # apply.fabric.MininetFabric
+    egress: object = None  # apply.datapath.egress.EgressQueues
+    far: list = field(default_factory=list)  # the other servers' shares (apply.cluster.remote_share.RemoteShare)
+    pfcd: object = None  # apply.processes.pfc_daemon.PfcDaemon, when a port is lossless or an event slows a link
+    pfc_on: bool = False  # some port's data class is lossless (the PFC process then also sends pauses)
+    adaptive: object = None  # apply.datapath.steering.AdaptiveRouting, with routing: adaptive
+
+
 class Run:
+    """One run, stage by stage (``execute``): what each stage makes is set here, in order."""
+
     def __init__(self, scenario: Scenario, options: RunOptions):
         self.scenario, self.options = scenario, options
         self.timings: dict = {}
-        self.ctl = self.fab = self.egress = self.pfcd = self.adaptive = self.record = None
-        self.pfc_on = False  # some port's data class is lossless (the PFC process then also sends pauses)
+        self.t_start = 0.0
+        # 1. plan
+        self.plan: Plan | None = None
+        self.run_id, self.run_dir, self.plan_path = "", Path(), Path()
+        self.manifest: Manifest | None = None
         self.layout = None  # a cluster run's servers and placement (run.coordination.Layout)
-        self.here = None  # this server's share of a cluster run (model.placement.Share)
-        self.far = []  # the other servers' shares (apply.remote_share.RemoteShare), once up
+        self.site = WHOLE  # where this machine's part runs: all of it, or its cluster share
+        self.pcap_ports: list = []
+        # 2. bring up
+        self.up: Up | None = None
 
     # -- 1. plan ---------------------------------------------------------------------------
     def make_plan(self):
@@ -127,7 +152,7 @@ class Run:
         machine = speed.measure() if sc.dilation is None else None  # only an automatic dilation uses it
         self.plan = build(sc, datapath, link_delay=netem, telemetry_interval_real_ns=opts.telemetry_interval_real_ns,
                           slowdown=machine.slowdown if machine else 1.0)
-        from testbed.apply.capture import parse_ports
+        from testbed.apply.processes.capture import parse_ports
 
         self.pcap_ports = parse_ports(opts.pcap, self.plan) if opts.pcap else []
         servers = opts.cluster or ",".join(sc.cluster)  # --cluster over the scenario's cluster:
@@ -136,7 +161,8 @@ class Run:
 
             self.layout = coordination.layout(self.plan, servers, opts,
                                               "--cluster" if opts.cluster else sc.where(("cluster",)))
-            self.here = self.layout.shares(self.plan)[0]
+            self.site = Site(self.layout.shares(self.plan)[0], self.layout.underlay,
+                             self.layout.underlay[self.layout.here])
         self.run_id, self.run_dir = new_run_dir(opts.results_dir, sc.name)
         (self.run_dir / "scenario.yaml").write_text(yaml.safe_dump(sc.resolved, sort_keys=False))
         self.plan_path = self.run_dir / "plan.json"
@@ -156,54 +182,51 @@ class Run:
                  len(self.plan.switches), datapath, self.plan.dilation)
 
     # -- 2. bring up -----------------------------------------------------------------------
-    def bring_up(self, stack: ExitStack):
+    def bring_up(self, stack: ExitStack) -> Up:
         """The controller, then the fabric exactly as planned, its queues and PFC."""
-        self.record = stack.enter_context(registry.RunRecord(self.run_id, str(self.run_dir)))
+        self.up = up = Up(stack.enter_context(registry.RunRecord(self.run_id, str(self.run_dir))))
         work = self.run_dir / "work"
         work.mkdir()
         port = free_tcp_port()
-        here, address = self.here, self.layout.underlay[self.layout.here] if self.layout else "127.0.0.1"
-        self.ctl = stack.enter_context(Controller(self.plan_path, self.run_dir, port,
-                                                  on_start=lambda pid: self.record.add(processes=[pid]),
-                                                  telemetry=True, pins=PIN_ROOT / self.run_id, address=address,
-                                                  queues_of=here.switches if here else None))
-        self.ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
-        self.t_up = time.monotonic()
+        site = self.site
+        up.ctl = stack.enter_context(Controller(self.plan_path, self.run_dir, port,
+                                                on_start=lambda pid: up.record.add(processes=[pid]),
+                                                telemetry=True, pins=PIN_ROOT / self.run_id, site=site))
+        up.ctl.wait_listening(CONTROLLER_LISTEN_TIMEOUT_S)
+        up.t_up = time.monotonic()
         from testbed.apply.fabric import MininetFabric  # Mininet is imported only when a fabric is built
-        from testbed.apply.queues import EgressQueues  # pyroute2 and the BPF marker, only for a run
+        from testbed.apply.datapath.egress import EgressQueues  # pyroute2 and the BPF marker, only for a run
 
         netem = self.manifest.link_delay_emulated
-        self.fab = stack.enter_context(MininetFabric(self.plan, self.run_id, self.manifest.datapath, port,
-                                                     self.record, work, link_delay=netem, controller_address=address,
-                                                     share=here, underlay=self.layout.underlay if here else None))
-        self.egress = stack.enter_context(EgressQueues(self.plan, self.run_id, link_delay=netem,
-                                                       ports=here.queues if here else None))
+        up.fab = stack.enter_context(MininetFabric(self.plan, self.run_id, self.manifest.datapath, port, up.record,
+                                                   work, link_delay=netem, site=site))
+        up.egress = stack.enter_context(EgressQueues(self.plan, self.run_id, link_delay=netem, site=site))
         if self.layout is not None:
             from testbed.run import coordination
 
-            self.far = coordination.bring_up_others(stack, self.layout, self.run_dir, self.scenario, self.plan,
-                                                    self.manifest, port, self.options.telemetry_interval_real_ns)
+            up.far = coordination.bring_up_others(stack, self.layout, self.run_dir, self.scenario, self.plan,
+                                                  self.manifest, port, self.options.telemetry_interval_real_ns)
         # the PFC process also owns the data class's rate: a run whose events slow a link needs it
-        self.pfc_on = any(pq.pfc for pq in self.plan.queues)
-        if self.pfc_on or any(e.rate_bps for e in self.plan.events):
-            from testbed.apply.pfc_daemon import PfcDaemon
+        up.pfc_on = any(pq.pfc for pq in self.plan.queues)
+        if up.pfc_on or any(e.rate_bps for e in self.plan.events):
+            from testbed.apply.processes.pfc_daemon import PfcDaemon
 
-            self.pfcd = stack.enter_context(PfcDaemon(self.plan_path, self.egress.marker.dir, self.run_dir,
-                                                      self.record, switches=here.switches if here else None))
+            up.pfcd = stack.enter_context(PfcDaemon(self.plan_path, up.egress.marker.dir, self.run_dir, up.record,
+                                                    site=site))
         if self.plan.routing == "adaptive":
-            from testbed.apply.steering import AdaptiveRouting
+            from testbed.apply.datapath.steering import AdaptiveRouting
 
-            self.adaptive = stack.enter_context(AdaptiveRouting(self.plan, self.egress, self.fab))
+            up.adaptive = stack.enter_context(AdaptiveRouting(self.plan, up.egress, up.fab))
         # runs first when the stack unwinds: marks the start of teardown
         stack.callback(lambda: self.timings.__setitem__("teardown_started", time.monotonic()))
-        self.timings["fabric_up"] = round(time.monotonic() - self.t_up, 3)
-        self.manifest.queues = Queues(ports=len(self.plan.queues), pins=str(self.egress.marker.dir),
-                                      pfc=self.pfc_on)
+        self.timings["fabric_up"] = round(time.monotonic() - up.t_up, 3)
+        self.manifest.queues = Queues(ports=len(self.plan.queues), pins=str(up.egress.marker.dir), pfc=up.pfc_on)
+        return up
 
     # -- 3. program ------------------------------------------------------------------------
     def program(self):
-        ready = self.ctl.wait_fabric_ready(len(self.plan.switches), FABRIC_READY_TIMEOUT_S)
-        self.timings["flows_installed"] = round(time.monotonic() - self.t_up, 3)
+        ready = self.up.ctl.wait_fabric_ready(len(self.plan.switches), FABRIC_READY_TIMEOUT_S)
+        self.timings["flows_installed"] = round(time.monotonic() - self.up.t_up, 3)
         LOG.info("fabric up in %.1fs; controller programmed %d switches (%d flows, %d groups); "
                  "queues (shaper + ECN marker) on %d switch ports", self.timings["flows_installed"], len(ready),
                  sum(e["flows"] for e in ready), sum(e["groups"] for e in ready), len(self.plan.queues))
@@ -213,7 +236,7 @@ class Run:
         from testbed.apply import reachability
 
         t = time.monotonic()
-        self.manifest.reachability = reachability.check(self.fab, self.plan, self.far)
+        self.manifest.reachability = reachability.check(self.up.fab, self.plan, self.up.far)
         self.timings["reachability"] = round(time.monotonic() - t, 3)
         self.manifest.status = "up"
         self.manifest.write(self.run_dir)
@@ -221,16 +244,16 @@ class Run:
                  self.manifest.reachability["pairs"])
 
     def context(self) -> RunContext:
-        return RunContext(fabric=self.fab, plan=self.plan, egress=self.egress, run_dir=self.run_dir)
+        return RunContext(fabric=self.up.fab, plan=self.plan, egress=self.up.egress, run_dir=self.run_dir)
 
     # -- 5. train --------------------------------------------------------------------------
     def train(self, stack: ExitStack):
         """Captures (if asked), then the workload on the GPU agents, then one telemetry poll
         after the last packet so the collected totals are complete."""
         if self.pcap_ports:
-            from testbed.apply.capture import Captures
+            from testbed.apply.processes.capture import Captures
 
-            stack.enter_context(Captures(self.fab, self.pcap_ports, self.run_dir / "pcap", self.record))
+            stack.enter_context(Captures(self.up.fab, self.pcap_ports, self.run_dir / "pcap", self.up.record))
             self.manifest.pcap = {"ports": self.pcap_ports, "folder": "pcap"}
         if self.options.before_training:
             self.options.before_training(self.context())
@@ -240,12 +263,13 @@ class Run:
         from testbed.run.training import train
 
         self.manifest.workload = {"iterations": tp.iterations}
-        self.manifest.training = train(self.fab, self.plan, self.plan_path, self.run_dir, self.record, self.timings,
-                                       set_rate=self.pfcd.set_rate if self.pfcd is not None else None,
-                                       far=self.far, cluster=self.manifest.cluster)
-        self.ctl.check_alive()
+        up = self.up
+        self.manifest.training = train(up.fab, self.plan, self.plan_path, self.run_dir, up.record, self.timings,
+                                       set_rate=up.pfcd.set_rate if up.pfcd is not None else None, far=up.far,
+                                       cluster=self.manifest.cluster)
+        up.ctl.check_alive()
         interval_s = self.plan.telemetry.interval_emulated_ns / 1e9
-        self.ctl.wait_poll_after(time.monotonic_ns(), 3 * interval_s + 5)
+        up.ctl.wait_poll_after(time.monotonic_ns(), 3 * interval_s + 5)
         # (the other servers' telemetry is gathered as their shares come down: run.coordination)
         self.manifest.write(self.run_dir)
 
@@ -256,33 +280,34 @@ class Run:
         if self.options.cli:
             LOG.info("Mininet CLI: try 'h1 ping h8', 'sh ovs-ofctl -O OpenFlow13 dump-flows leaf1', "
                      "'sh ovs-ofctl -O OpenFlow15 dump-groups leaf1'; exit to tear down")
-            self.fab.cli()
+            self.up.fab.cli()
         if self.options.hold_s > 0:
             LOG.info("holding the fabric up for %gs (Ctrl-C tears it down)", self.options.hold_s)
             hold_until = time.monotonic() + self.options.hold_s
             while time.monotonic() < hold_until:
-                self.ctl.check_alive()
+                self.up.ctl.check_alive()
                 time.sleep(min(0.2, max(0.0, hold_until - time.monotonic())))
-        self.ctl.check_alive()
-        if self.pfcd is not None:
-            self.pfcd.check_alive()
+        self.up.ctl.check_alive()
+        if self.up.pfcd is not None:
+            self.up.pfcd.check_alive()
 
     # -- 6. collect and 7. report (after 8. teardown, whatever the outcome) ------------------
     def collect(self, status: str, reason: str):
         if "teardown_started" in self.timings:
             self.timings["teardown"] = round(time.monotonic() - self.timings.pop("teardown_started"), 3)
         self.timings["total"] = round(time.monotonic() - self.t_start, 3)
-        if self.pfcd is not None and self.pfc_on:  # (the process also runs for a slowed link)
-            self.manifest.pfc = p = self.pfcd.totals()
+        up = self.up or Up(record=None)  # (a run that failed before bring-up started nothing)
+        if up.pfcd is not None and up.pfc_on:  # (the process also runs for a slowed link)
+            self.manifest.pfc = p = up.pfcd.totals()
             LOG.info("PFC: %d pause frames sent (%d XOFF), %d received; paused %s in all (real time) on %d "
                      "ports; headroom high-water %s; %d drops", p["frames_sent"], p["xoff_sent"],
                      p["frames_received"],
                      units.format_duration(self.plan.dilation.real_duration_ns(p["paused_ns"])),
                      len(p["paused_ports"]), units.format_size(p["headroom_high_water_bytes"]), p["drops"])
-        if self.adaptive is not None and self.adaptive.totals is not None:
-            self.manifest.routing = {"mode": "adaptive", **self.adaptive.totals}
+        if up.adaptive is not None and up.adaptive.totals is not None:
+            self.manifest.routing = {"mode": "adaptive", **up.adaptive.totals}
             LOG.info("adaptive routing: %d data packets tagged with a chosen port, %d of them off their flow "
-                     "hash's port", self.adaptive.totals["decisions"], self.adaptive.totals["moved"])
+                     "hash's port", up.adaptive.totals["decisions"], up.adaptive.totals["moved"])
         self.manifest.status, self.manifest.reason, self.manifest.ended_utc = status, reason, now_utc()
         self.manifest.write(self.run_dir)
 

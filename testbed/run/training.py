@@ -9,7 +9,7 @@ import time
 
 from testbed import units
 from testbed.analysis.training import load_records, summarise_run
-from testbed.apply.agents import Agents
+from testbed.apply.processes.agents import Agents
 from testbed.apply.events import LinkEvents
 from testbed.model.plan_file import TrainingFile
 from testbed.views.progress import Progress

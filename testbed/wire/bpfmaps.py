@@ -17,7 +17,7 @@ CFG_RATE = 0  # index of "rate_bps" in struct cfg (the PFC process sets it when 
 CFG_PAUSED = 6  # index of "paused" in struct cfg (the PFC process flips it)
 STATE_FORMAT = "=13Q8x"
 STATE_SIZE = struct.calcsize(STATE_FORMAT)
-# struct pfc_counters (testbed_pfc, written by testbed.apply.pfc, read by the collector)
+# struct pfc_counters (testbed_pfc, written by testbed.apply.processes.pfcd, read by the collector)
 PFC_FORMAT = "=6Q"
 PFC_SIZE = struct.calcsize(PFC_FORMAT)
 PFC_FIELDS = ("frames_sent", "xoff_sent", "frames_received", "paused_ns", "paused_since_ns",

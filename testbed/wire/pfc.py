@@ -1,7 +1,7 @@
 """PFC (IEEE 802.1Qbb) on the wire: the frame, its pause time in real and emulated units,
 and the packet socket the switches' PFC process and the GPU agents read and send it on.
 
-``testbed.model.pfc`` decides when to send one; ``testbed.apply.pfc`` sends it.
+``testbed.model.pfc`` decides when to send one; ``testbed.apply.processes.pfcd`` sends it.
 
 Frame (60 bytes before the FCS): destination 01:80:c2:00:00:01, the sending port's MAC,
 EtherType 0x8808 (MAC control), opcode 0x0101 (priority-based flow control), a

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from testbed.apply.probe import checksum
+from testbed.apply.processes.probe import checksum
 
 ETH_P_IP = 0x0800
 SOL_PACKET, PACKET_STATISTICS = 263, 6

@@ -13,7 +13,7 @@ import subprocess
 from contextlib import ExitStack
 from pathlib import Path
 
-from testbed.apply.process import wait_for
+from testbed.apply.processes.child import wait_for
 from testbed.errors import RunError
 
 CMD_TIMEOUT_S = 20

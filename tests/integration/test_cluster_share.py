@@ -56,11 +56,13 @@ class TwoServers:
         self.run_id = f"cluster-{tmp_path.name[-20:]}"
 
     def enter(self, stack: ExitStack, before_far=None):
-        from testbed.apply import registry, remote_share
-        from testbed.apply.controller import Controller
+        from testbed.apply import registry
+        from testbed.apply.cluster import remote_share
+        from testbed.apply.processes.controller import Controller
         from testbed.apply.fabric import MininetFabric
-        from testbed.apply.process import free_tcp_port
-        from testbed.apply.queues import EgressQueues
+        from testbed.apply.processes.child import free_tcp_port
+        from testbed.apply.datapath.egress import EgressQueues
+        from testbed.model import placement
 
         s2, plan = self.s2, self.plan
         self.monkeypatch.setenv("TESTBED_SSH_CONFIG", str(s2.ssh_config))
@@ -70,18 +72,17 @@ class TwoServers:
         underlay = {"a": s2.root_address, "b": s2.address}
         self.record = stack.enter_context(registry.RunRecord(self.run_id, str(self.tmp_path)))
         port = free_tcp_port()
-        self.ctl = stack.enter_context(Controller(self.plan_path, self.tmp_path, port, address=s2.root_address,
+        site = placement.Site(self.here, underlay, s2.root_address)
+        self.ctl = stack.enter_context(Controller(self.plan_path, self.tmp_path, port, site=site,
                                                   on_start=lambda pid: self.record.add(processes=[pid])))
         self.ctl.wait_listening(60)
         work = self.tmp_path / "work"
         work.mkdir()
-        self.fab = stack.enter_context(MininetFabric(plan, self.run_id, "user", port, self.record, work,
-                                                     controller_address=s2.root_address, share=self.here,
-                                                     underlay=underlay))
+        self.fab = stack.enter_context(MininetFabric(plan, self.run_id, "user", port, self.record, work, site=site))
         self.request = share_request(self.sc, plan, self.run_id, s2, port)
         if before_far:
             before_far(self)
-        self.egress = stack.enter_context(EgressQueues(plan, self.run_id, ports=self.here.queues))
+        self.egress = stack.enter_context(EgressQueues(plan, self.run_id, site=site))
         self.far = stack.enter_context(remote_share.RemoteShare(s2.address, self.request))
         # one controller, every switch of both servers connected and programmed
         ready = self.ctl.wait_fabric_ready(len(plan.switches), 120)
@@ -91,7 +92,7 @@ class TwoServers:
 
 def refused_when_planned_differently(two: "TwoServers"):
     """A server that plans the run differently (another version) refuses, leaving nothing up."""
-    from testbed.apply import remote_share
+    from testbed.apply.cluster import remote_share
     from testbed.errors import RunError
 
     s2 = two.s2
@@ -177,7 +178,7 @@ def test_two_servers_build_one_fabric_and_forward_across_tunnels(clean_slate, tm
 def test_a_share_killed_mid_run_is_named_and_clean_cluster_removes_what_it_left(clean_slate, tmp_path, monkeypatch):
     """The coordinator says a share died without tearing down; ``clean --cluster`` then
     removes what it left on that server, from that server's own run registry."""
-    from testbed.apply import remote_share
+    from testbed.apply.cluster import remote_share
     from testbed.config import scenario as scenarios
     from testbed.errors import RunError
     from testbed.model import placement
@@ -227,7 +228,7 @@ def test_training_across_two_servers_delivers_every_byte_and_the_tunnels_carry_t
     exactly the packets the agents say they sent across (data, ACKs, NAKs, CNPs)."""
     from testbed.analysis.training import load_records, summarise_run
     from testbed.model.plan_file import TrainingFile
-    from testbed.apply.agents import Agents
+    from testbed.apply.processes.agents import Agents
     from testbed.config import scenario as scenarios
     from testbed.model import placement
     from testbed.run.coordination import train_across
@@ -297,7 +298,7 @@ def test_a_share_whose_coordinator_goes_away_mid_training_tears_down_at_once(cle
     down within seconds, not at the training's hang deadline (minutes)."""
     import time
 
-    from testbed.apply import remote_share
+    from testbed.apply.cluster import remote_share
     from testbed.config import scenario as scenarios
     from testbed.model import plan as planning
 

@@ -17,8 +17,8 @@ from testbed.apply import capabilities, registry
 from testbed import run
 from testbed.config import scenario
 from testbed.errors import RunError
-from testbed.apply.controller import Controller
-from testbed.apply.process import free_tcp_port, wait_for
+from testbed.apply.processes.controller import Controller
+from testbed.apply.processes.child import free_tcp_port, wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).resolve().parent.parent / "helpers"  # the traffic scripts
@@ -277,8 +277,8 @@ def test_sigkill_mid_training_leaves_no_process_of_ours(tmp_path, clean_slate):
             continue
         if "-m testbed." in cmdline:  # not Mininet's host shells, which belong to the fabric
             ours[p["pid"]] = cmdline
-    kinds = {k for k in ("testbed.controller", "testbed.apply.pfc", "testbed.agent") if any(k in c for c in ours.values())}
-    assert kinds == {"testbed.controller", "testbed.apply.pfc", "testbed.agent"}, ours
+    kinds = {k for k in ("testbed.controller", "testbed.apply.processes.pfcd", "testbed.agent") if any(k in c for c in ours.values())}
+    assert kinds == {"testbed.controller", "testbed.apply.processes.pfcd", "testbed.agent"}, ours
     proc.kill()
     proc.communicate(timeout=30)
     for pid, cmdline in ours.items():

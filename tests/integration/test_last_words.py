@@ -11,7 +11,7 @@ import pytest
 
 from testbed import run
 from testbed.apply import registry
-from testbed.apply.process import wait_for
+from testbed.apply.processes.child import wait_for
 from testbed.config import scenario
 from testbed.errors import RunError
 

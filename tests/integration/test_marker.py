@@ -9,10 +9,10 @@ import uuid
 import pytest
 
 from testbed.wire import bpfmaps
-from testbed.apply import bpfmap
+from testbed.apply.datapath import bpfmap
 from testbed.model import queues
-from testbed.apply.marker import Marker
-from testbed.apply.probe import checksum
+from testbed.apply.datapath.marker import Marker
+from testbed.apply.processes.probe import checksum
 
 pytestmark = pytest.mark.integration
 TC_ACT_OK, TC_ACT_SHOT = 0, 2

@@ -16,7 +16,7 @@ from testbed.apply import registry
 from testbed.analysis import results
 from testbed import run
 from testbed.config import scenario
-from testbed.apply.process import wait_for
+from testbed.apply.processes.child import wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).resolve().parent.parent / "helpers"  # the traffic scripts

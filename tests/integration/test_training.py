@@ -12,7 +12,7 @@ from testbed.analysis import results
 from testbed.model import plan as planning, schedule
 from testbed import run
 from testbed.config import scenario
-from testbed.apply.process import wait_for
+from testbed.apply.processes.child import wait_for
 from testbed.analysis.training import load_records
 from testbed.jsonlines import read_events
 from helpers.runs import run_trusted

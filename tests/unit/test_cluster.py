@@ -67,7 +67,7 @@ def test_show_cluster_prints_the_placement_and_the_crossing_links(capsys, in_rep
 
 
 def test_the_clock_offset_comes_from_the_shortest_round_trip():
-    from testbed.apply.ssh import ClockSample, best_offset
+    from testbed.apply.cluster.ssh import ClockSample, best_offset
 
     # remote runs 1000 ns ahead; a slow sample's answer came late in its round trip
     samples = [ClockSample(0, 1_000 + 900, 1_000), ClockSample(5_000, 6_000 + 50, 5_100),
@@ -77,19 +77,20 @@ def test_the_clock_offset_comes_from_the_shortest_round_trip():
 
 
 def test_the_clock_error_sets_the_smallest_dilation():
-    from testbed.apply.cluster_probe import clock_error_dilation
+    from testbed.apply.cluster.doctor import clock_error_dilation
 
     # a tenth of a 4214-byte frame at 400G is 8.428 ns: 84.28 us of real error needs 10000
     assert clock_error_dilation(84_280) == pytest.approx(10_000)
 
 
 def test_ssh_uses_keys_only_and_the_cluster_ssh_config(monkeypatch):
-    from testbed.apply import cluster_probe, ssh
+    from testbed.apply.cluster import doctor
+    from testbed.apply.cluster import ssh
 
     monkeypatch.setenv("TESTBED_SSH_CONFIG", "/etc/cluster_ssh")
-    argv = ssh.ssh_argv("10.0.0.2", cluster_probe.probe_command())
+    argv = ssh.ssh_argv("10.0.0.2", doctor.probe_command())
     assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={ssh.SSH_CONNECT_TIMEOUT_S}"]
-    assert argv[-3:-1] == ["/etc/cluster_ssh", "10.0.0.2"] and argv[-1].endswith("-m testbed.apply.cluster_probe probe")
+    assert argv[-3:-1] == ["/etc/cluster_ssh", "10.0.0.2"] and argv[-1].endswith("-m testbed.apply.cluster.doctor probe")
 
 
 def test_shares_split_the_plan_exactly_and_both_ends_of_a_crossing_link_agree():
@@ -123,6 +124,15 @@ def test_one_machine_has_no_tunnels():
     assert only.tunnels == () and only.paused_across == () and len(only.links) == len(p.links)
 
 
+def test_a_site_is_the_whole_plan_or_one_share_of_it():
+    p = build("leaf-spine")
+    a, _b = placement.shares(p, placement.place(p, ("a", "b")))
+    assert placement.WHOLE.switches is None and placement.WHOLE.queues(p) == tuple(p.queues)
+    assert placement.WHOLE.controller_address == "127.0.0.1" and placement.WHOLE.share is None
+    site = placement.Site(a, {"a": "10.0.0.1", "b": "10.0.0.2"}, "10.0.0.1")
+    assert site.switches == a.switches and site.queues(p) == a.queues and len(a.queues) < len(p.queues)
+
+
 @pytest.mark.parametrize("name, ref, sets, machines", [
     ("leaf-spine-2", "leaf-spine", (), ("a", "b")),
     ("leaf-spine-5-leaves-3", "leaf-spine", ("fabric.leaves=5", "fabric.spines=3", "fabric.uplinks.count=3"),
@@ -148,7 +158,7 @@ def test_cluster_view_golden(name, ref, sets, machines):
                                          ("255.255.255.255", False), ("224.0.0.1", False), ("leaf1", False),
                                          ("::1", False)])
 def test_the_controller_listens_on_one_explicit_address(address, ok):
-    from testbed.apply.controller import check_listen_address
+    from testbed.apply.processes.controller import check_listen_address
     from testbed.errors import RunError
 
     if ok:
@@ -159,7 +169,7 @@ def test_the_controller_listens_on_one_explicit_address(address, ok):
 
 
 def test_a_tunnel_end_is_a_vxlan_device_named_and_keyed_by_the_plan():
-    from testbed.apply import tunnel
+    from testbed.apply.cluster import tunnel
     from testbed.model.queues import LINK_MTU_BYTES
 
     p = build("leaf-spine")
@@ -174,7 +184,7 @@ def test_a_tunnel_end_is_a_vxlan_device_named_and_keyed_by_the_plan():
 
 
 def test_tunnels_need_every_peer_address():
-    from testbed.apply import tunnel
+    from testbed.apply.cluster import tunnel
     from testbed.errors import RunError
 
     p = build("leaf-spine")
@@ -193,7 +203,7 @@ def test_fabric_builds_only_its_share():
     assert len(topo.links()) == len(a.links)
     ours = set(fabric.root_interfaces(p, a))
     assert ours.isdisjoint(fabric.root_interfaces(p, b))
-    assert ours.isdisjoint(t.intf for t in a.tunnels)  # tunnel ends are apply.tunnel's
+    assert ours.isdisjoint(t.intf for t in a.tunnels)  # tunnel ends are apply.cluster.tunnel's
     assert set(fabric.root_interfaces(p)) == ours | set(fabric.root_interfaces(p, b)) | {
         t.intf for t in a.tunnels + b.tunnels}
 

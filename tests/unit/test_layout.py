@@ -3,6 +3,8 @@ os-ken, pyroute2 or Scapy; each heavy dependency is imported in one place; modul
 functions stay small enough to read."""
 
 import ast
+import importlib.util
+import re
 import graphlib
 import subprocess
 import sys
@@ -17,7 +19,7 @@ HEAVY = ("mininet", "os_ken", "pyroute2", "scapy")
 PURE = ("config", "model", "wire", "analysis", "views")
 # where each heavy dependency may be imported (package or module)
 HOMES = {"mininet": ("apply/fabric.py",), "os_ken": ("controller/app.py", "controller/__main__.py"),
-         "pyroute2": ("apply/tc.py",), "scapy": ("wire/reference.py",), "pandas": ("analysis/results.py",),
+         "pyroute2": ("apply/datapath/tc.py",), "scapy": ("wire/reference.py",), "pandas": ("analysis/results.py",),
          "plotly": ("views/report.py",), "google": ("wire/chakra.py",)}
 BLOCKER = f"""
 import importlib.abc, sys
@@ -228,3 +230,24 @@ def test_no_new_import_alias():
     assert planted == {("x.py", "testbed.model.plan", "planning"), ("x.py", "testbed.units", "u")}
     found = set().union(*(aliases(p.relative_to(PACKAGE).as_posix(), p.read_text()) for p in PACKAGE.rglob("*.py")))
     assert found == set()
+
+
+def process_table(text: str) -> list:
+    """(module run with ``python -m``, the file said to start it) of each row of the
+    process table in docs/architecture.md."""
+    rows = re.findall(r"^\|[^|\n]*`python -m ([\w.]+)`[^|\n]*\| `([\w/.]+\.py)` \|", text, re.M)
+    return [(module, "testbed/" + path) for module, path in rows]
+
+
+def test_the_architecture_docs_process_table_names_what_starts_each_process():
+    """Each process the docs list is a module that exists, and the file named as starting it
+    puts ``-m`` and that module in an argv (the table went stale once: it named the PFC
+    process's own module as its launcher)."""
+    planted = "| x (`python -m testbed.agent`) | `apply/fabric.py` | y |\n"
+    ((module, path),) = process_table(planted)
+    assert f'"-m", "{module}"' not in (ROOT / path).read_text()  # the check below would see it
+    rows = process_table((ROOT / "docs" / "architecture.md").read_text())
+    assert len(rows) == 4
+    for module, path in rows:
+        assert importlib.util.find_spec(module) is not None, module
+        assert f'"-m", "{module}"' in (ROOT / path).read_text(), f"{path} does not start {module}"

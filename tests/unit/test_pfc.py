@@ -136,7 +136,7 @@ def test_drain_reads_nothing_from_a_link_that_is_down_and_raises_other_errors():
 
 
 def test_the_pfc_process_takes_a_link_events_rate_as_one_checked_line():
-    from testbed.apply.pfc import parse_rate_command
+    from testbed.apply.processes.pfcd import parse_rate_command
 
     ports = {"leaf1-eth5": None, "spine1-eth1": None}
     assert parse_rate_command("rate 100000000000 leaf1-eth5 spine1-eth1\n", ports) == (
@@ -151,7 +151,7 @@ def test_the_pfc_process_takes_a_link_events_rate_as_one_checked_line():
 def test_pfc_totals_combine_every_servers_process(tmp_path):
     """A cluster run's pfc.jsonl holds each server's PFC process's records: ports summed,
     XOFF decisions summed, the worst reaction times kept."""
-    from testbed.apply.pfc_daemon import totals
+    from testbed.apply.processes.pfc_daemon import totals
 
     def port(name, sent, received, hw):
         return {"event": "port", "port": name, "frames_sent": sent, "xoff_sent": sent // 2, "frames_received": received,

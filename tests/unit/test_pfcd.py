@@ -11,8 +11,8 @@ import struct
 
 import pytest
 
-from testbed.apply.pfc import Pfcd
-from testbed.apply.tc import PAUSED_RATE_BPS
+from testbed.apply.processes.pfcd import Pfcd
+from testbed.apply.datapath.tc import PAUSED_RATE_BPS
 from testbed.config import scenario
 from testbed.model import plan as planning
 from testbed.model.plan_file import PlanFile

@@ -1,7 +1,7 @@
 import pytest
 import struct
 
-from testbed.apply import probe
+from testbed.apply.processes import probe
 
 
 def test_echo_request_golden_bytes():

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from testbed.apply.agents import StallGuard
-from testbed.apply.process import Child, exit_status, last_lines, wait_for
+from testbed.apply.processes.agents import StallGuard
+from testbed.apply.processes.child import Child, exit_status, last_lines, wait_for
 from testbed.errors import RunError
 
 

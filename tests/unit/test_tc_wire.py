@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from testbed.apply import qdiscstat
+from testbed.apply.datapath import qdiscstat
 
 
 def test_request_golden_bytes():

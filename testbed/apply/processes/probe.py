@@ -1,6 +1,6 @@
 """Reachability probe, run inside a GPU host's namespace.
 
-``python -m testbed.apply.probe --timeout 5 10.0.1.2 10.0.2.1 ...`` sends ICMP echo
+``python -m testbed.apply.processes.probe --timeout 5 10.0.1.2 10.0.2.1 ...`` sends ICMP echo
 requests to every target (repeating every ``--resend`` seconds, 200 ms unless the run
 says otherwise, until each has answered or the timeout passes) and prints one JSON object: target -> TTL of its reply (or null).
 The switches decrement TTL at every hop, so 64 - TTL is the number of switches
@@ -69,7 +69,7 @@ def probe(targets: list[str], timeout_s: float, resend_s: float = RESEND_S) -> d
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m testbed.apply.probe")
+    parser = argparse.ArgumentParser(prog="python -m testbed.apply.processes.probe")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to keep trying")
     parser.add_argument("--resend", type=float, default=RESEND_S, help="seconds between rounds")
     parser.add_argument("targets", nargs="+")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import subprocess
 
-from testbed.apply import bpfmap
+from testbed.apply.datapath import bpfmap
 from testbed.errors import RunError
 from testbed.wire import bpfmaps
 

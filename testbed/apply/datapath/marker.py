@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from testbed.wire import bpfmaps
-from testbed.apply import bpfmap
+from testbed.apply.datapath import bpfmap
 from testbed.model import queues
 from testbed.errors import RunError
 from testbed.paths import MARKER_OBJECT

@@ -8,7 +8,7 @@ import json
 import subprocess
 import time
 
-from testbed.apply.ssh import CLOCK_SAMPLES, PROBE_TIMEOUT_S, Session, best_offset, remote_command, ssh_argv
+from testbed.apply.cluster.ssh import CLOCK_SAMPLES, PROBE_TIMEOUT_S, Session, best_offset, remote_command, ssh_argv
 
 
 def share_command() -> str:

@@ -1,4 +1,4 @@
-"""The run's side of the PFC process (``testbed.apply.pfc``): start it once the switch
+"""The run's side of the PFC process (``testbed.apply.processes.pfcd``): start it once the switch
 ports exist, hand it a link event's rate, end it on exit, and sum the totals it wrote."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from testbed.apply.process import Child
+from testbed.apply.processes.child import Child
 from testbed.errors import RunError
 from testbed.jsonlines import read_events
+from testbed.model.placement import WHOLE, Site
 
 
 class PfcDaemon:
@@ -20,11 +21,12 @@ class PfcDaemon:
     EXIT_TIMEOUT_S = 10
     RATE_TIMEOUT_S = 10
 
-    def __init__(self, plan_path: Path, pins: Path, run_dir: Path, record, switches=None):
-        """``switches``: the switches whose ports it serves (a cluster run's share), None for all."""
+    def __init__(self, plan_path: Path, pins: Path, run_dir: Path, record, site: Site = WHOLE):
+        """It serves the ports of ``site``'s switches (all, or a cluster run's share)."""
+        switches = site.switches
         self.run_dir, self.record = run_dir, record
         self.events = run_dir / "pfc.jsonl"
-        argv = [sys.executable, "-m", "testbed.apply.pfc", str(plan_path), str(pins), str(self.events)]
+        argv = [sys.executable, "-m", "testbed.apply.processes.pfcd", str(plan_path), str(pins), str(self.events)]
         if switches is not None:
             argv.append(",".join(switches))
         self.child = Child("the PFC process", argv, log=run_dir / "pfcd.log")

@@ -2,7 +2,7 @@
 
 One process per run in the root namespace (where every switch port lives; in a cluster
 run one per server, for that server's ports: run/share.py), started by
-``apply.pfc_daemon.PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
+``apply.processes.pfc_daemon.PfcDaemon`` with the run's ``plan.json`` (each port's queue settings and the ports its
 PFC pauses) and the run's BPF pin folder. Every ``model.pfc.poll_period_ns(dilation)`` (50 ns of fabric time, at least 1 ms) it reads each switch port's shadow queue (the marker's
 map) and runs the XOFF/XON hysteresis (``pfc.Hysteresis``) on it; a queue far below XOFF is
 not read again until it could have reached it at its feeders' line rates
@@ -48,8 +48,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.apply.bpfmap import Map
-from testbed.apply.tc import PAUSED_RATE_BPS, PortTc
+from testbed.apply.datapath.bpfmap import Map
+from testbed.apply.datapath.tc import PAUSED_RATE_BPS, PortTc
 from testbed.model.pfc import OVS_BATCH_PACKETS, Hysteresis, poll_period_ns, quiet_until_ns
 from testbed.model.plan_file import PlanFile
 from testbed.model.queues import MTU_BYTES, PortQueue

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 from testbed.errors import ConfigError, RunError
-from testbed.apply.process import wait_for
+from testbed.apply.processes.child import wait_for
 
 MAX_PACKETS = 25_000
 START_TIMEOUT_S = 10

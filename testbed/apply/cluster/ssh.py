@@ -3,7 +3,7 @@ never a prompt; ``TESTBED_SSH_CONFIG`` names an ssh_config file to use instead o
 own) running ``python -m MODULE`` from the same repository path and interpreter there; one
 session's lines and its clock reads (NTP-style: the sample with the shortest round trip,
 whose half round trip bounds the error); what "the same version" means (source_digest).
-Used by the doctor's probe (apply/cluster_probe.py) and a run's shares (apply/remote_share.py)."""
+Used by the doctor's probe (apply/cluster/doctor.py) and a run's shares (apply/cluster/remote_share.py)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from testbed.jsonlines import read_events
-from testbed.apply.process import Child, exit_status, listening, wait_for
+from testbed.apply.processes.child import Child, exit_status, listening, wait_for
 from testbed.errors import RunError
+from testbed.model.placement import WHOLE, Site
 
 STOP_GRACE_S = 5.0
 
@@ -32,11 +33,12 @@ def check_listen_address(address: str) -> str:
 
 class Controller:
     def __init__(self, plan_path: Path, run_dir: Path, port: int, on_start=None, telemetry: bool = False,
-                 pins: Path | None = None, address: str = "127.0.0.1", queues_of=None):
-        """``address``: where the OpenFlow listener binds; loopback unless switches on other
-        servers must reach it (a cluster), and then one explicit address, never a wildcard.
-        ``queues_of``: the switches whose queues its collector reads (a cluster run: this
-        server's; the other servers' shares collect theirs), None for all."""
+                 pins: Path | None = None, site: Site = WHOLE):
+        """``site.controller_address``: where the OpenFlow listener binds; loopback unless
+        switches on other servers must reach it (a cluster), and then one explicit address,
+        never a wildcard. Its collector reads the queues of ``site.switches`` (a cluster run:
+        this server's; the other servers' shares collect theirs)."""
+        address, queues_of = site.controller_address, site.switches
         self.run_dir, self.port, self.address = run_dir, port, check_listen_address(address)
         self.events_path = run_dir / "controller-events.jsonl"
         self.log_path = run_dir / "controller.log"

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from testbed.apply.process import Child, stop_all
+from testbed.apply.processes.child import Child, stop_all
 from testbed.errors import RunError
 
 READY_TIMEOUT_S = 120  # 8 GPUs' agents starting at once took ~1 min under QEMU software emulation

@@ -12,16 +12,17 @@ import time
 
 from testbed.wire import bpfmaps
 from testbed.model import queues
-from testbed.apply.marker import Marker
-from testbed.apply.tc import PortTc
+from testbed.model.placement import WHOLE, Site
+from testbed.apply.datapath.marker import Marker
+from testbed.apply.datapath.tc import PortTc
 
 
 class EgressQueues:
-    def __init__(self, plan, run_id: str, link_delay: bool = False, ports=None):
-        """``ports``: the PortQueues to apply (a cluster share's, its tunnel ends included:
-        model.placement.Share.queues); every planned port by default."""
+    def __init__(self, plan, run_id: str, link_delay: bool = False, site: Site = WHOLE):
+        """The PortQueues of ``site`` (model.placement.Site.queues: every planned port, or a
+        cluster share's, its tunnel ends included)."""
         self.plan, self.run_id, self.link_delay = plan, run_id, link_delay
-        self.ports = plan.queues if ports is None else tuple(ports)
+        self.ports = site.queues(plan)
         self.by_ifindex: dict[int, queues.PortQueue] = {}
         self.marker: Marker | None = None
         self.tc: PortTc | None = None

@@ -3,7 +3,7 @@
 Each server is reached with ``ssh root@SERVER`` (BatchMode: keys only, never a prompt;
 ``TESTBED_SSH_CONFIG`` names an ssh_config file to use instead of root's own) and runs
 this module there from the same repository path and interpreter (``python -m
-testbed.apply.cluster_probe probe``). The probe reports its user, its project source digest,
+testbed.apply.cluster.doctor probe``). The probe reports its user, its project source digest,
 Open vSwitch and the OVS datapath, then answers clock reads over the same ssh session:
 the clock offset of each server is measured NTP-style (the sample with the shortest round
 trip; its half round trip bounds the error). A run spanning servers puts one start
@@ -22,7 +22,7 @@ import time
 
 from testbed import paths
 from testbed.apply.capabilities import Check
-from testbed.apply.ssh import CLOCK_SAMPLES, PROBE_TIMEOUT_S, Session, best_offset, remote_command, source_digest
+from testbed.apply.cluster.ssh import CLOCK_SAMPLES, PROBE_TIMEOUT_S, Session, best_offset, remote_command, source_digest
 
 FASTEST_LINK_BPS = 400e9
 TUNNEL_OVERHEAD_BYTES = 50  # VXLAN: outer Ethernet 14 + IP 20 + UDP 8 + VXLAN 8 (gretap needs 38)
@@ -49,7 +49,7 @@ def interface_of(address: str | None) -> dict | None:
 
 
 def probe_command() -> str:
-    return remote_command("testbed.apply.cluster_probe probe")
+    return remote_command("testbed.apply.cluster.doctor probe")
 
 
 def clock_error_dilation(error_ns: float) -> float:
@@ -155,5 +155,5 @@ def probe_main() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["probe"]:
-        sys.exit("usage: python -m testbed.apply.cluster_probe probe (run by testbed doctor --cluster over ssh)")
+        sys.exit("usage: python -m testbed.apply.cluster.doctor probe (run by testbed doctor --cluster over ssh)")
     sys.exit(probe_main())

@@ -18,7 +18,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from testbed.errors import RunError
-from testbed.apply.qdiscstat import TBF_HANDLE, TBF_PARENT, QdiscReader
+from testbed.apply.datapath.qdiscstat import TBF_HANDLE, TBF_PARENT, QdiscReader
 
 TC_H_CLSACT_EGRESS = 0xFFFFFFF3
 TC_H_ROOT = 0xFFFFFFFF
