@@ -112,9 +112,9 @@ def measure(name: str, sets: list, profile_top: int) -> dict:
         for a in agents:
             step = a.step
 
-            def counted(now, step=step):
+            def counted(now, *ready, step=step):
                 steps["n"] += 1
-                return step(now)
+                return step(now, *ready)
             a.step = counted
         profiler = cProfile.Profile() if profile_top else None
         t0, cpu0 = time.perf_counter(), time.process_time()

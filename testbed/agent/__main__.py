@@ -8,8 +8,9 @@ Why it stopped early (the run closed stdin, its deadline passed, SIGTERM) goes t
 which the run keeps in its folder.
 
 With ``TESTBED_AGENT_PROFILE=DIR`` in the environment (``bench/scale.py --profile DIR``), the
-event loop runs under cProfile and its statistics go to DIR/agents-FIRSTGPU.prof: where the
-agents' CPU per packet goes, measured in a real run."""
+event loop runs under cProfile, timed by the process's CPU clock (a wait counts what the
+system call cost, not how long it slept), and its statistics go to DIR/agents-FIRSTGPU.prof:
+where the agents' CPU per packet goes, measured in a real run."""
 
 import os
 import signal
@@ -46,7 +47,7 @@ def _serve(agents: list, start_ns: int, deadline_ns: int) -> int:
         return server.serve(agents, start_ns, deadline_ns, control=sys.stdin)
     import cProfile
 
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time_ns, 1e-9)
     try:
         return profiler.runcall(server.serve, agents, start_ns, deadline_ns, control=sys.stdin)
     finally:

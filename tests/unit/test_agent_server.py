@@ -76,3 +76,55 @@ def test_a_gpu_done_before_the_others_of_its_server_still_answers_its_peers(tmp_
     assert server.serve([a, b], t0, t0 + 10**12, clock=clock, wait=wait) == 0
     assert [(t, p.opcode) for t, p in sent_at] == [(t0 + 10 * D, roce.OP_ACK)]  # answered on arrival
     assert b.state[0] == "done"  # h2 computed until t0 + 1000 D, long after
+
+
+def test_a_step_reads_only_the_sockets_the_wait_found_readable(tmp_path):
+    """h2's compute timer is due before the packet that sits in h1's socket is announced:
+    the pass that steps h2 does not read h1's socket (an empty read is a wasted system
+    call), and the pass after the wait that finds it readable answers it."""
+    from testbed.wire import roce
+    clock = Clock()
+    a, b = agents_on(clock, tmp_path, [[op(0, "compute", duration_ns=100)], [op(0, "compute", duration_ns=10)]])
+    peer = roce.Endpoint("02:01:00:00:02:01", "10.0.2.1")
+    data = roce.FrameTemplate(peer, a.nics["fabric"].me, 0xC000, roce.qpn(1, 2), 0, roce.DSCP_DATA, 0)
+    a.rx.queue.append((data.frame(roce.OP_SEND_ONLY, 0, True, bytes(MTU))[roce.OFF_UDP + roce.UDP_LEN:], [], 0, None))
+    reads = []
+    receive = a.receive
+    a.receive = lambda now: (reads.append(now), receive(now))
+    t0 = clock.now
+    announced = {"at": t0 + 50 * D}
+
+    def wait(socks, timeout_s):
+        clock.now += min(int(timeout_s * 1e9), announced["at"] - clock.now) if clock.now < announced["at"] else \
+            int(timeout_s * 1e9)
+        if clock.now == announced["at"]:
+            announced["at"] = -1
+            return [a.rx]
+        return []
+
+    assert server.serve([a, b], t0, t0 + 10**12, clock=clock, wait=wait) == 0
+    assert reads == [t0 + 50 * D] and a.rx.queue == []  # read once, when announced: not at the timer passes (t0, t0 + 10 D)
+    assert a.nics["fabric"].sent  # and answered (an ACK)
+
+
+def test_the_run_closing_stdin_wakes_the_loop_and_stops_it(tmp_path):
+    """The run's stdin is waited on with the sockets: its end is seen at once, not at the
+    next timer, and every unfinished op is recorded as stopped by the run."""
+    clock = Clock()
+    (a,) = agents_on(clock, tmp_path, [[op(0, "compute", duration_ns=10**6)]])
+
+    class Stdin:
+        def readline(self):
+            return ""  # closed
+
+    stdin = Stdin()
+    t0 = clock.now
+
+    def wait(socks, timeout_s):
+        assert stdin in socks
+        clock.now += 5 * D
+        return [stdin]
+
+    assert server.serve([a], t0, t0 + 10**12, control=stdin, clock=clock, wait=wait) == 3
+    (abort,) = [r for r in records(a) if r["type"] == "abort"]
+    assert abort["reason"] == "stopped by the run" and abort["t_ns"] == t0 + 5 * D
