@@ -38,10 +38,7 @@ from testbed.agent.channel import CONTROL_OPCODES, BusyChannels, Channel, Connec
 
 RX_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_RX_BATCH = 256
-# an agent with nothing due (no packet, compute end, pause end, retransmission or DCQCN
-# timer) is stepped again after this at the latest: every event that can make it due is a
-# socket the loop waits on or a time its step returned, so this is a safety net only
-IDLE_WAKE_NS = 1_000_000_000
+IDLE_WAKE_NS = 50_000_000
 # counter names (count, summed lateness, worst lateness) in the NIC record, for Agent.late
 TX_LATE = ("tx_count", "tx_late_ns", "tx_late_max_ns")
 TIMER_LATE = ("timer_count", "timer_late_ns", "timer_late_max_ns")
@@ -143,17 +140,13 @@ class Agent:
                     waiting=[{"id": i, "kind": self.graph.by_id[i]["kind"], "peer": self.graph.by_id[i]["peer"]}
                              for i, s in self.state.items() if s != "done"][:20])
 
-    def step(self, now: int, rx_ready: bool = True, pause_ready: bool = True) -> int:
+    def step(self, now: int) -> int:
         """One pass of the loop at ``now``; returns when the next thing is due. Ops that
         what just finished (a compute timer, an arrival, an ACK) unblocks start in the same
-        pass: started on the next pass, they waited for a packet or the idle wake-up.
-        ``rx_ready``/``pause_ready``: whether the data or the pause socket has something to
-        read (the loop knows from its wait; a read of an empty socket is a wasted system call)."""
+        pass: started on the next pass, they waited for a packet or the idle wake-up."""
         self.end_compute(now)
-        if rx_ready:
-            self.receive(now)
-        if pause_ready:
-            self.receive_pause(now)
+        self.receive(now)
+        self.receive_pause(now)
         self.start_ready_ops(now)
         self.tick_timers(now)
         return self.transmit(now)
