@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from testbed.agent import server  # noqa: E402
 from testbed.agent.config import from_plan  # noqa: E402
@@ -32,30 +33,7 @@ from testbed.model.plan import build  # noqa: E402
 from testbed.model.plan_file import PlanFile  # noqa: E402
 from testbed.wire import roce  # noqa: E402
 
-
-class Clock:
-    def __init__(self):
-        self.now = 10**9
-
-    def __call__(self):
-        return self.now
-
-
-class Inbox:
-    """A non-blocking socket's receive side: what the wire queued, then BlockingIOError."""
-
-    def __init__(self):
-        self.queue = []
-
-    def recvmsg(self, size, ancsize):
-        if not self.queue:
-            raise BlockingIOError
-        return self.queue.pop(0)
-
-    def recv(self, size):
-        if not self.queue:
-            raise BlockingIOError
-        return self.queue.pop(0)
+from helpers.fakes import Clock, Inbox  # noqa: E402
 
 
 class Wire:
@@ -100,7 +78,6 @@ def measure(name: str, sets: list, profile_top: int) -> dict:
     clock, wire = Clock(), Wire()
     with tempfile.TemporaryDirectory() as tmp:
         agents = agents_of(name, sets, Path(tmp), clock, wire)
-        owner = {s: a for a in agents for s in (a.rx, a.pause)}
 
         def wait(socks, timeout_s):
             ready = [s for s in socks if s.queue]
@@ -127,7 +104,6 @@ def measure(name: str, sets: list, profile_top: int) -> dict:
         for a in agents:
             a.report()
             a.out.close()
-        del owner
     sent = sum(a.nic_counters["tx_count"] for a in agents)
     out = {"rc": rc, "gpus": len(agents), "data_packets": sent, "frames": wire.frames, "steps": steps["n"],
            "cpu_s": cpu, "wall_s": wall}

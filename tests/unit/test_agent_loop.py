@@ -14,17 +14,11 @@ from testbed.model.training import Transport
 from testbed.units import Dilation
 from testbed.wire import pfc, roce
 
+from helpers.fakes import Clock, Inbox
+
 D = 1000  # dilation
 LINE_BPS = 400e9
 MTU = 1024
-
-
-class Clock:
-    def __init__(self):
-        self.now = 10**9
-
-    def __call__(self):
-        return self.now
 
 
 class FakeNic:
@@ -35,23 +29,6 @@ class FakeNic:
 
     def send(self, frame):
         self.sent.append(frame)
-
-
-class Inbox:
-    """A non-blocking socket's receive side: what the test queued, then BlockingIOError."""
-
-    def __init__(self):
-        self.queue = []
-
-    def recvmsg(self, size, ancsize):
-        if not self.queue:
-            raise BlockingIOError
-        return self.queue.pop(0)
-
-    def recv(self, size):
-        if not self.queue:
-            raise BlockingIOError
-        return self.queue.pop(0)
 
 
 def op(i, kind, deps=(), peer=None, nbytes=0, duration_ns=0):

@@ -7,7 +7,8 @@ import json
 from testbed.agent import server
 from testbed.agent.runner import Agent
 
-from test_agent_loop import D, MTU, Clock, FakeNic, Inbox, gpu_config, op, rc_transport
+from helpers.fakes import Clock, Inbox
+from test_agent_loop import D, MTU, FakeNic, gpu_config, op, rc_transport
 
 
 def agents_on(clock, tmp_path, schedules):
