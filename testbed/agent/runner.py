@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import time
 from collections import defaultdict
 
@@ -42,28 +43,37 @@ IDLE_WAKE_NS = 50_000_000
 # counter names (count, summed lateness, worst lateness) in the NIC record, for Agent.late
 TX_LATE = ("tx_count", "tx_late_ns", "tx_late_max_ns")
 TIMER_LATE = ("timer_count", "timer_late_ns", "timer_late_max_ns")
+RX_LATE = ("rx_done_count", "rx_done_late_ns", "rx_done_late_max_ns")
+# the kernel's receive time of each datagram (struct timespec, CLOCK_REALTIME): Linux's
+# SO_TIMESTAMPNS, which Python's socket module does not name
+SO_TIMESTAMPNS = 35
+TIMESPEC = struct.Struct("@qq")
+ANCILLARY_BYTES = socket.CMSG_SPACE(TIMESPEC.size) + socket.CMSG_SPACE(4)
 
 
 def open_rx() -> socket.socket:
     """The UDP 4791 socket every RoCE datagram to this GPU arrives on (fabric and NVLink
-    addresses), with the TOS of each (so CE marks are seen)."""
+    addresses), with the TOS of each (so CE marks are seen) and the time the kernel
+    received it (so the loop knows how late it read what completed a message)."""
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RX_BUFFER_BYTES)
     rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     rx.bind(("0.0.0.0", roce.ROCE_UDP_PORT))
     rx.setblocking(False)
     return rx
 
 
 class Agent:
-    """The GPU's event loop, one ``step`` at a time. ``clock`` (CLOCK_MONOTONIC ns) and the
-    socket openers are parameters so the loop runs against a fake clock and fake sockets in
-    the unit tests."""
+    """The GPU's event loop, one ``step`` at a time. ``clock`` (CLOCK_MONOTONIC ns), ``wall``
+    (CLOCK_REALTIME ns, the clock of the kernel's receive timestamps) and the socket openers
+    are parameters so the loop runs against fake clocks and fake sockets in the unit tests."""
 
     def __init__(self, cfg: AgentConfig, clock=time.monotonic_ns, open_nic=Nic, open_rx=open_rx,
-                 open_pause=pfc.open_socket, snmp_path: str = "/proc/net/snmp"):
+                 open_pause=pfc.open_socket, snmp_path: str = "/proc/net/snmp", wall=time.time_ns):
         self.cfg = cfg
         self.clock = clock
+        self.wall = wall
         self.snmp_path = snmp_path  # the UDP counters of the GPU's namespace (/proc/PID/net/snmp)
         self.name, self.index = cfg.gpu, cfg.index
         self.d = cfg.dilation
@@ -112,8 +122,9 @@ class Agent:
         self.out.write(json.dumps({"gpu": self.name, **fields}) + "\n")
 
     def late(self, keys: tuple, late_ns: int):
-        """Timer lateness (the fidelity guard's input): a packet sent (``TX_LATE``), or a
-        compute phase noticed as ended (``TIMER_LATE``), ``late_ns`` after it was due."""
+        """Timer lateness (the fidelity guard's input): a packet sent (``TX_LATE``), a
+        compute phase noticed as ended (``TIMER_LATE``), or a packet that completed a
+        message read (``RX_LATE``), ``late_ns`` after it was due (after the kernel had it)."""
         count, total, worst = keys
         c = self.nic_counters
         c[count] += 1
@@ -295,7 +306,7 @@ class Agent:
     def receive(self, now: int):
         for _ in range(MAX_RX_BATCH):
             try:
-                data, anc, _flags, _addr = self.rx.recvmsg(self.mtu + 64, 64)
+                data, anc, _flags, _addr = self.rx.recvmsg(self.mtu + 64, ANCILLARY_BYTES)
             except BlockingIOError:
                 return
             pkt = roce.parse(data)
@@ -317,8 +328,19 @@ class Agent:
                     if op_id is not None:
                         self.finish(op_id, now)
                 self.note_rate(ch, before, now)
-            elif ch.on_data(pkt, anc[0][2][0] if anc else 0, now):
-                self.match_recv(conn)
+            else:
+                tos, stamp = 0, None
+                for level, _kind, value in anc:
+                    if level == socket.SOL_SOCKET:
+                        stamp = value
+                    else:
+                        tos = value[0]
+                if ch.on_data(pkt, tos, now):
+                    if stamp is not None:
+                        # the next op waited for this packet: how long it sat unread
+                        sec, nsec = TIMESPEC.unpack(stamp)
+                        self.late(RX_LATE, max(0, self.wall() - (sec * 1_000_000_000 + nsec)))
+                    self.match_recv(conn)
 
     def report(self):
         for ch in self.channels.values():

@@ -12,6 +12,12 @@ emulation kept up with the time dilation it was given:
   D = 250000, and on rail-32 0.048 gaps came with 2 %, so the limit is 0.07 gaps
   (docs/measurements.md, "The fidelity guard against a slower run"); the detail says how much of the sending time the
   agents' schedule slipped for good (wake-ups later than the two-packet catch-up);
+- ``receive_lateness``: what completed a message is read soon after it arrived (the
+  kernel's receive timestamp against the loop's read): every op that waits for a message
+  (the next ring step, a pipeline stage) starts that much late, so each GPU's summed
+  lateness of such reads, as a share of the training's duration, is time the run lost
+  to the agents and not to the fabric (mean over the GPUs that received); a ring whose
+  chunks are a packet or two loses it on every step while its packets leave on time;
 - ``timer_lateness``: compute phases end when they should (mean lateness, real-fabric
   time, as a share of the ideal step);
 - ``host_cpu``: the host's CPUs were not saturated (share of polls with every core busy);
@@ -54,6 +60,7 @@ from testbed.model import placement, queues
 LIMITS = {
     "dequeue_rate": 0.9,  # achieved / configured, at least
     "agent_pacing": 0.07,  # mean lateness in line-rate packet gaps, at most (calibrated: see above)
+    "receive_lateness": 0.01,  # summed lateness of message-completing reads / training duration, GPU mean, at most
     "timer_lateness": 0.01,  # mean compute-end lateness / ideal step, at most
     "host_cpu": 0.25,  # share of polls with the host >= SATURATED busy, at most
     "ovs_cpu": 0.95,  # p95 of ovs-vswitchd CPU in cores, at most
@@ -128,6 +135,26 @@ def agent_pacing(r) -> dict | None:
                   f"GPU agents sent packets {late:.2f} packet gaps late on average: they cannot pace at this "
                   f"dilation", late / LIMITS["agent_pacing"],
                   f"{int(n.tx_count.sum())} packets, worst {int(n.tx_late_max_ns.max())} ns late (emulated){slip}")
+
+
+def receive_lateness(r) -> dict | None:
+    n, ops = r.nics, r.ops
+    if n.empty or "rx_done_count" not in n or not n.rx_done_count.sum() or ops.empty:
+        return None
+    span_ns = float(ops.end_ns.max() - ops.ready_ns.min())  # the agents' clock, as the lateness
+    got = n[n.rx_done_count.fillna(0) > 0]
+    if span_ns <= 0:
+        return None
+    shares = got.rx_done_late_ns / span_ns
+    share = float(shares.mean())
+    ok = share <= LIMITS["receive_lateness"]
+    mean_real_ns = r.dilation.real_duration_ns(got.rx_done_late_ns.sum() / got.rx_done_count.sum())
+    worst = got.loc[shares.idxmax()]
+    return _check("receive_lateness", round(share, 5), ok,
+                  f"GPU agents read what completed a message {mean_real_ns:.1f} ns (real) late on average: "
+                  f"{share:.1%} of the training waited for reads", share / LIMITS["receive_lateness"],
+                  f"{int(got.rx_done_count.sum())} messages on {len(got)} GPUs; worst {worst.gpu} "
+                  f"{shares.max():.1%}")
 
 
 def timer_lateness(r) -> dict | None:
@@ -260,7 +287,7 @@ def each_server(check):
     return judged
 
 
-CHECKS = (dequeue_rate, agent_pacing, timer_lateness, each_server(host_cpu), each_server(ovs_cpu),
+CHECKS = (dequeue_rate, agent_pacing, receive_lateness, timer_lateness, each_server(host_cpu), each_server(ovs_cpu),
           each_server(telemetry_loss), reordering, pfc_reaction, cluster_clock)
 
 

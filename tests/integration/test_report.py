@@ -127,7 +127,7 @@ def test_collected_telemetry_and_kpis_agree_with_the_agents(runs):
     # the light run passes every fidelity check it has data for, including pacing and CPU
     f = s["fidelity"]
     assert f["verdict"] == "trusted", f
-    assert {c["name"] for c in f["checks"]} >= {"agent_pacing", "timer_lateness", "host_cpu", "ovs_cpu",
+    assert {c["name"] for c in f["checks"]} >= {"agent_pacing", "receive_lateness", "timer_lateness", "host_cpu", "ovs_cpu",
                                                  "telemetry"}
 
 

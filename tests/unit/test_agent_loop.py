@@ -5,6 +5,7 @@ line rate, completes a send on its ACK and holds data while PFC pauses the NIC."
 import copy
 import json
 import socket
+import struct
 
 import pytest
 
@@ -51,13 +52,16 @@ def gpu_config(i: int, peer: int, ops: list, transport: Transport, folder) -> Ag
                        peers={f"h{peer}": Peer(peer, f"02:01:00:00:0{peer}:01", f"10.0.{peer}.1")})
 
 
+WALL_NS = 1_700_000_000_000_000_000  # the fake CLOCK_REALTIME the agent reads its arrivals against
+
+
 @pytest.fixture
 def make_agent(tmp_path):
     def make(ops, dcqcn=False, **transport):
         clock, rx, pause = Clock(), Inbox(), Inbox()
         cfg = gpu_config(1, 2, ops, rc_transport(dcqcn=dcqcn, **transport), tmp_path)
         agent = Agent(cfg, clock=clock, open_nic=FakeNic, open_rx=lambda: rx,
-                      open_pause=lambda intf: pause)
+                      open_pause=lambda intf: pause, wall=lambda: WALL_NS)
         agent.prepare(clock.now)
         return agent, clock, rx, pause
     return make
@@ -118,6 +122,33 @@ def test_pfc_pause_holds_data_until_its_quanta_run_out(make_agent):
     assert len(nic.sent) == 1 and agent.nic_counters["pause_frames_received"] == 1
     assert agent.nic_counters["paused_ns"] == pause_end - t0
     assert [r["type"] for r in records(agent)] == ["paused", "resumed"]
+
+
+def test_a_message_read_late_is_counted_from_the_kernels_arrival_time(make_agent):
+    """The receive socket's ancillary data carries the kernel's arrival time
+    (SO_TIMESTAMPNS) and the TOS; the packet that completes a message counts how long it sat
+    unread (the fidelity guard's receive lateness), a packet that completes nothing does not,
+    and a CE mark is still seen beside the timestamp."""
+    agent, clock, rx, _ = make_agent([op(0, "recv", peer="h2", nbytes=2 * MTU)])
+    nic = agent.nics["fabric"]
+    data = roce.FrameTemplate(roce.Endpoint("02:01:00:00:02:01", "10.0.2.1"), nic.me, 0xC000, roce.qpn(1, 2),
+                              MTU, roce.DSCP_DATA, roce.ECT0)
+
+    def arrival(opcode, psn, sat_ns, tos):
+        frame = data.frame(opcode, psn, opcode == roce.OP_SEND_LAST, bytes(MTU))
+        stamp = divmod(WALL_NS - sat_ns, 10**9)
+        return (frame[roce.OFF_UDP + roce.UDP_LEN:],
+                [(socket.SOL_SOCKET, 35, struct.pack("@qq", *stamp)), (socket.IPPROTO_IP, socket.IP_TOS, bytes([tos]))],
+                0, None)
+
+    rx.queue += [arrival(roce.OP_SEND_FIRST, 0, 9_000, roce.DSCP_DATA << 2 | roce.CE),
+                 arrival(roce.OP_SEND_LAST, 1, 2_500, roce.DSCP_DATA << 2 | roce.ECT0)]
+    agent.step(clock.now)
+    assert agent.state[0] == "done"
+    c = agent.nic_counters
+    assert (c["rx_done_count"], c["rx_done_late_ns"], c["rx_done_late_max_ns"]) == (1, 2_500, 2_500)
+    (ch,) = agent.channels.values()
+    assert ch.counters["ce_received"] == 1 and ch.counters["packets_received"] == 2
 
 
 def control_frame(agent, opcode, psn, body):

@@ -141,6 +141,29 @@ def test_fidelity_names_every_failed_check_and_a_dilation_that_fixes_it(run_dir)
     assert f["suggested_dilation"] == 5000 and "--set dilation=5000" in f["text"]
 
 
+def test_fidelity_counts_the_training_lost_to_reading_arrivals_late(run_dir):
+    """h1's reads of the packets that completed its 4 messages were 1.2 ms late in all (the
+    agents' clock) in a training of 120 us x D = 120 ms: 1 % of it waited for reads, at the
+    limit; 2.4 ms is 2 %, not trusted, and the guard asks for twice the dilation with a
+    margin. h2 received nothing and is not averaged in."""
+    rows = [json.loads(line) for line in (run_dir / "agents" / "h1.jsonl").read_text().splitlines()]
+
+    def with_reads(late_ns):
+        nic = {"rx_done_count": 4, "rx_done_late_ns": late_ns, "rx_done_late_max_ns": late_ns // 2}
+        write(run_dir / "agents" / "h1.jsonl", [{**r, **nic} if r["type"] == "nic" else r for r in rows])
+        f = fidelity.check(results.load(run_dir))
+        return f, {c["name"]: c for c in f["checks"]}["receive_lateness"]
+
+    f, c = with_reads(1_200_000)
+    assert c["value"] == 0.01 and c["ok"] and c["detail"] == "4 messages on 1 GPUs; worst h1 1.0%"
+    f, c = with_reads(2_400_000)
+    assert c["value"] == 0.02 and not c["ok"]
+    # 2.4 ms over 4 reads: 600 us on the agents' clock, 600 ns real at D = 1000
+    assert c["cause"] == ("GPU agents read what completed a message 600.0 ns (real) late on average: "
+                          "2.0% of the training waited for reads")
+    assert "2.0% of the training waited for reads" in f["text"]
+
+
 def test_the_suggested_dilation_is_one_a_scenario_may_set(run_dir):
     """The same misses at D = 5000000: x2.67 x 1.5 would be 2e7, past the largest dilation a
     scenario accepts (1e7, which the next run would refuse); the guard suggests 1e7. At 1e7
