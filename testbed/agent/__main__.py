@@ -63,8 +63,7 @@ def main(argv=None) -> int:
         cfg = from_plan(plan, gpu, str(Path(records_dir) / f"{gpu}.jsonl"))
         with netns.entered(int(pid)):
             agents.append(Agent(cfg, snmp_path=f"/proc/{pid}/net/snmp"))
-    # One CPU per agent process (the run gives a process the servers whose number modulo the
-    # CPUs is the same: apply.processes.agents.groups): a sender that hops between
+    # One CPU per server process (servers spread over the CPUs): a sender that hops between
     # CPUs leaves its packets in two CPUs' receive backlogs of the veth, which can deliver
     # them out of order, and a NIC never reorders one flow. Seen as go-back-N
     # retransmissions on a non-blocking fabric in CI.

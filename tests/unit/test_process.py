@@ -100,19 +100,3 @@ def test_without_progress_the_hang_deadline_is_fixed():
     clock.t = 500
     guard.tick()
     assert guard.deadline() == 130
-
-
-def test_servers_share_an_agent_process_per_cpu_as_the_agents_pin_themselves():
-    """Server s runs on CPU s mod C (testbed.agent pins itself so): 16 servers on 2 CPUs are
-    two processes, 2 servers on 2 CPUs stay two, 3 servers on 4 CPUs three, and a CPU's
-    servers are split (whole) where a process would serve more GPUs than its limit."""
-    from testbed.apply.processes.agents import groups
-
-    servers = {s: [f"h{2 * s - 1}", f"h{2 * s}"] for s in range(1, 17)}
-    two = groups(servers, 2)
-    assert [served for served, _ in two] == [list(range(2, 17, 2)), list(range(1, 17, 2))]
-    assert two[1][1][:4] == ["h1", "h2", "h5", "h6"] and len(two[1][1]) == 16
-    assert groups({1: ["h1"], 2: ["h2"]}, 2) == [([2], ["h2"]), ([1], ["h1"])]
-    assert [served for served, _ in groups({1: ["a"], 2: ["b"], 3: ["c"]}, 4)] == [[1], [2], [3]]
-    assert [served for served, _ in groups(servers, 2, most=6)] == [[2, 4, 6], [8, 10, 12], [14, 16], [1, 3, 5],
-                                                                    [7, 9, 11], [13, 15]]

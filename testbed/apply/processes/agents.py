@@ -1,8 +1,5 @@
-"""The GPU agents of a run: one process per CPU, serving the GPUs of the servers pinned to
-that CPU (each GPU's sockets opened in that GPU's namespace), started together, watched to
-the end. Fewer processes than servers because what an agent costs per packet is mostly a
-cold cache at each wake-up (docs/measurements.md, "Scale"): processes sharing a CPU only
-evict each other.
+"""The GPU agents of a run: one process per server, serving its GPUs (each GPU's sockets
+opened in that GPU's namespace), started together, watched to the end.
 
 ``Agents`` is a context manager: it starts every server's agent process with the run's
 ``plan.json`` and its GPUs (each agent reads its ops, peers and transport settings there)
@@ -11,14 +8,13 @@ waits until every one has its sockets open, hands all of them the same start tim
 future on CLOCK_MONOTONIC), and waits for every agent to finish its ops: as long as the
 training makes progress (a starved machine trains late, and the fidelity guard says so),
 until no op has ended for the hang guard's time. Each agent process's stderr is kept in the
-run folder (``agents-serverN.log``, ``agents-serverN+M.log`` for several): one that ends without finishing is reported with how
+run folder (``agents-serverN.log``): one that ends without finishing is reported with how
 it ended and its last lines. On exit, normal or not, it closes their stdin (their signal to
 stop) and ends any that remain, by PID.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,9 +25,7 @@ from testbed.errors import RunError
 READY_TIMEOUT_S = 120  # 8 GPUs' agents starting at once took ~1 min under QEMU software emulation
 START_MARGIN_S = 0.5
 EXIT_TIMEOUT_S = 10
-AGENT_DEADLINE_STALLS = 10
-# a process's wait is select(), whose descriptors must stay below 1024: ~5 per GPU
-MAX_GPUS_PER_PROCESS = 128  # the agents' own deadline, in hang-guard times: only if the run stops watching
+AGENT_DEADLINE_STALLS = 10  # the agents' own deadline, in hang-guard times: only if the run stops watching
 
 
 class StallGuard:
@@ -60,25 +54,6 @@ class StallGuard:
         return f"no op ended for {self.stall_s:.0f}s; {self.progress.done} of {self.progress.total} ops done"
 
 
-def groups(servers: dict, cpus: int, most: int = MAX_GPUS_PER_PROCESS) -> list:
-    """Which servers' GPUs share an agent process: those pinned to the same CPU (server
-    number modulo the CPUs, as ``testbed.agent`` pins itself), so one process per CPU, split
-    (whole servers) where it would serve more than ``most`` GPUs. ``servers``: server -> its
-    GPUs. Returns (servers, GPUs) per process, in CPU then server order."""
-    by_cpu: dict = {}
-    for server in sorted(servers):
-        by_cpu.setdefault(server % cpus, []).append(server)
-    out = []
-    for _cpu, served in sorted(by_cpu.items()):
-        out.append(([], []))
-        for server in served:
-            if out[-1][0] and len(out[-1][1]) + len(servers[server]) > most:
-                out.append(([], []))
-            out[-1][0].append(server)
-            out[-1][1].extend(servers[server])
-    return out
-
-
 class Agents:
     def __init__(self, fabric, gpus, plan_path: Path, records_dir: Path, record):
         self.records_dir, self.record = records_dir, record
@@ -86,15 +61,12 @@ class Agents:
         servers = {}
         for gpu in gpus:
             servers.setdefault(server_of[gpu], []).append(gpu)
-        self.children = []
-        for served, members in groups(servers, len(os.sched_getaffinity(0))):
-            which = "+".join(str(s) for s in served)
-            self.children.append(Child(
-                f"the agents of server{'s' if len(served) > 1 else ''} {', '.join(str(s) for s in served)} "
-                f"({', '.join(members)})",
-                [sys.executable, "-m", "testbed.agent", str(plan_path), str(records_dir),
-                 *(f"{gpu}={fabric.host(gpu).pid}" for gpu in members)],
-                popen=fabric.host(members[0]).popen, log=records_dir.parent / f"agents-server{which}.log"))
+        self.children = [Child(f"the agents of server {server} ({', '.join(members)})",
+                               [sys.executable, "-m", "testbed.agent", str(plan_path), str(records_dir),
+                                *(f"{gpu}={fabric.host(gpu).pid}" for gpu in members)],
+                               popen=fabric.host(members[0]).popen,
+                               log=records_dir.parent / f"agents-server{server}.log")
+                         for server, members in servers.items()]
 
     def __enter__(self):
         self.records_dir.mkdir(exist_ok=True)
