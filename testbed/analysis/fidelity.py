@@ -137,14 +137,20 @@ def agent_pacing(r) -> dict | None:
                   f"{int(n.tx_count.sum())} packets, worst {int(n.tx_late_max_ns.max())} ns late (emulated){slip}")
 
 
+def training_span(ops) -> tuple:
+    """(first op ready, last op ended), CLOCK_MONOTONIC ns of the agents."""
+    return ops.ready_ns.min(), ops.end_ns.max()
+
+
 def receive_lateness(r) -> dict | None:
     n, ops = r.nics, r.ops
     if n.empty or "rx_done_count" not in n or not n.rx_done_count.sum() or ops.empty:
         return None
-    span_ns = float(ops.end_ns.max() - ops.ready_ns.min())  # the agents' clock, as the lateness
-    got = n[n.rx_done_count.fillna(0) > 0]
+    t0, t1 = training_span(ops)
+    span_ns = float(t1 - t0)  # the agents' clock, as the lateness
     if span_ns <= 0:
         return None
+    got = n[n.rx_done_count.fillna(0) > 0]
     shares = got.rx_done_late_ns / span_ns
     share = float(shares.mean())
     ok = share <= LIMITS["receive_lateness"]
@@ -178,7 +184,7 @@ def judged_polls(r):
     if p.empty or ops.empty or "t_ns" not in p:
         return p
     p = p.sort_values("t_ns")
-    t0, t1 = ops.ready_ns.min(), ops.end_ns.max()
+    t0, t1 = training_span(ops)
     inside = p[(p.t_ns > t0) & (p.t_ns.shift(1, fill_value=t0 - 1) < t1)]
     return inside if not inside.empty else p
 
